@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# README's first command: set up .venv, then run the embedded tiny fp16 GRPO training run on CPU.
+# Extra arguments are Hydra overrides, e.g. `bash scripts/run_default.sh actor_rollout_ref.actor.strategy=megatron`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh >/dev/null
+exec .venv/bin/python -m verl.trainer.main_ppo "$@"

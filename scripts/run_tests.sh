@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# README's second command: set up .venv, then run every check CI runs — pre-commit hooks (ruff lint and format,
+# YAML, whitespace), the commit-title check, the docs build and the test suite. Fails on the first failing check;
+# "no tests collected" counts as a failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== pre-commit"
+pre-commit run --all-files --show-diff-on-failure
+echo "== commit title"
+python tests/special_sanity/check_pr_title.py --from-git
+echo "== pytest"
+set +e
+python -m pytest -q -p no:cacheprovider "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: failing." >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,37 @@
+"""Shared fixtures for the megatron-core model tests: a single-process gloo group and tiny HF configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2Config
+
+from verl.models.mcore import ensure_model_parallel_initialized
+
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 64,
+    "intermediate_size": 64,
+    "max_position_embeddings": 128,
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mcore_parallel() -> None:
+    """megatron's groups over a world of one process (gloo on a free port); idempotent across test modules."""
+    ensure_model_parallel_initialized(tp=1, pp=1)
+    assert torch.distributed.get_world_size() >= 1
+
+
+def _tiny_config(arch: str, tie: bool = False, **kwargs: object) -> Qwen2Config | LlamaConfig:
+    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[arch]
+    return cls(**{**TINY, **kwargs}, tie_word_embeddings=tie, attn_implementation="eager")
+
+
+@pytest.fixture
+def make_config():
+    """Factory ``make_config(arch, tie=False, **overrides)`` of two-layer GQA configs (eager HF attention)."""
+    return _tiny_config

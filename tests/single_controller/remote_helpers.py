@@ -1,0 +1,81 @@
+"""Worker classes and an error type for the worker-group tests, in a module the Ray worker processes can import.
+
+Ray pickles classes by reference, so everything an actor runs or raises must be importable in the worker
+processes; the tests put the repository root on their ``PYTHONPATH``.
+"""
+
+import torch
+import torch.distributed as dist
+
+from verl.protocol import DataProto
+from verl.single_controller import Dispatch, Execute, Worker, register
+
+
+class ExpectedWorkerError(RuntimeError):
+    """Raised on purpose by ``EchoWorker.fail`` to check that the driver sees the same type and message."""
+
+
+class EchoWorker(Worker):
+    """Each method reports which rank ran it, so a test can check the dispatch."""
+
+    def __init__(self, offset: int = 0) -> None:
+        super().__init__()
+        self.offset = offset
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def tag_rows(self, data: DataProto, scale: int = 1) -> DataProto:
+        """Per row: the rank that saw it and the row's ``x`` times ``scale``."""
+        num_rows = len(data)
+        return DataProto.from_dict(
+            tensors={"rank": torch.full((num_rows,), self.rank), "x": data.batch["x"] * scale},
+            non_tensors={"uid": data.non_tensor_batch["uid"]},
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def row_metrics(self, data: DataProto) -> dict:
+        return {"rank": self.rank, "num_rows": len(data)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def whoami(self, suffix: str) -> str:
+        return f"rank{self.rank}/{self.world_size}{suffix}"
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def rank_zero_value(self, value: int) -> tuple[int, int]:
+        return self.rank, value + self.offset
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def add(self, a: int, b: int = 0) -> tuple[int, int]:
+        return self.rank, a + b
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def only_rank_zero(self) -> int:
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def later(self, value: int) -> int:
+        return value * 10 + self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce_rank_plus_one(self) -> float:
+        """Sum over ranks of (rank + 1); the process group must be initialised first."""
+        tensor = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def backend(self) -> str:
+        return dist.get_backend()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail(self, only_rank: int | None = None) -> int:
+        if only_rank is None or only_rank == self.rank:
+            raise ExpectedWorkerError(f"step 3 failed on purpose (grad norm inf), rank {self.rank}")
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def fail_same_message(self) -> None:
+        raise ExpectedWorkerError("the same message on every rank")
+
+    def plain_method(self, value: int) -> int:
+        """Not registered: reachable through ``execute_all`` only."""
+        return value + self.rank

@@ -1,0 +1,114 @@
+"""Tests for verl.single_controller.decorator: the dispatch table and call plans, in-process (no Ray)."""
+
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.single_controller.decorator import (
+    DISPATCH_TABLE,
+    Dispatch,
+    Execute,
+    get_register_spec,
+    plan_call,
+    register,
+)
+
+
+def make_batch(num_rows: int) -> DataProto:
+    return DataProto.from_dict(tensors={"x": torch.arange(num_rows)})
+
+
+def spec_of(dispatch_mode, execute_mode=Execute.ALL):
+    @register(dispatch_mode=dispatch_mode, execute_mode=execute_mode)
+    def method(self):
+        return None
+
+    return get_register_spec(method)
+
+
+def test_register_attaches_spec_and_keeps_function():
+    @register(dispatch_mode=Dispatch.RANK_ZERO, blocking=False)
+    def method(self, value):
+        return value + 1
+
+    spec = get_register_spec(method)
+    assert (spec.dispatch_mode, spec.execute_mode, spec.blocking) == (Dispatch.RANK_ZERO, Execute.ALL, False)
+    assert method(None, 1) == 2  # still a normal function inside the worker
+    assert get_register_spec(lambda: None) is None
+
+
+def test_register_rejects_non_enum_modes():
+    with pytest.raises(ValueError, match="Dispatch member"):
+        register(dispatch_mode="one_to_all")
+    with pytest.raises(ValueError, match="Execute member"):
+        register(execute_mode="all")
+
+
+def test_every_dispatch_mode_has_a_rule():
+    assert set(DISPATCH_TABLE) == set(Dispatch)
+
+
+def test_one_to_all_plan():
+    plan = plan_call(spec_of(Dispatch.ONE_TO_ALL), 3, (1,), {"k": 2})
+    assert plan.ranks == [0, 1, 2]
+    assert plan.args == [(1,)] * 3 and plan.kwargs == [{"k": 2}] * 3
+    assert plan.collect(["a", "b", "c"]) == ["a", "b", "c"]
+
+
+def test_all_to_all_plan_transposes_lists():
+    plan = plan_call(spec_of(Dispatch.ALL_TO_ALL), 2, ([1, 2], ["a", "b"]), {"k": [True, False]})
+    assert plan.args == [(1, "a"), (2, "b")]
+    assert plan.kwargs == [{"k": True}, {"k": False}]
+
+
+def test_all_to_all_rejects_non_list():
+    with pytest.raises(ValueError, match="argument 'k' is int"):
+        plan_call(spec_of(Dispatch.ALL_TO_ALL), 2, (), {"k": 3})
+
+
+def test_rank_zero_plan_runs_only_rank_zero():
+    plan = plan_call(spec_of(Dispatch.RANK_ZERO), 4, (7,), {})
+    assert plan.ranks == [0] and plan.args == [(7,)]
+    assert plan.collect(["only"]) == "only"
+
+
+def test_execute_rank_zero_takes_rank_zero_share():
+    plan = plan_call(spec_of(Dispatch.ALL_TO_ALL, Execute.RANK_ZERO), 2, ([5, 6],), {})
+    assert plan.ranks == [0] and plan.args == [(5,)]
+    assert plan.collect([42]) == 42
+
+
+def test_dp_compute_proto_pads_chunks_and_unpads():
+    # 5 rows on 2 ranks: padded with row 0 to 6, chunks [0, 1, 2] and [3, 4, 0].
+    plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(5), "broadcast"), {})
+    assert [args[0].batch["x"].tolist() for args in plan.args] == [[0, 1, 2], [3, 4, 0]]
+    assert [args[1] for args in plan.args] == ["broadcast", "broadcast"]
+    merged = plan.collect([args[0] for args in plan.args])
+    assert merged.batch["x"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_dp_compute_proto_unpads_repeated_outputs():
+    # 3 rows on 2 ranks pad to 4; each rank returns every row twice (contiguous), so 8 rows come back and the
+    # last 2 * 1 = 2 belong to the padding row.
+    plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (), {"data": make_batch(3)})
+    outputs = [kwargs["data"].repeat(2, interleave=True) for kwargs in plan.kwargs]
+    assert plan.collect(outputs).batch["x"].tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_dp_compute_proto_rejects_unmatched_output_rows():
+    plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(3),), {})
+    # 4 padded rows in, 3 out: not a whole number of output rows per input row.
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        plan.collect([make_batch(2), make_batch(1)])
+
+
+def test_dp_compute_proto_needs_a_dataproto_of_one_length():
+    with pytest.raises(ValueError, match="at least one DataProto"):
+        plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (1,), {})
+    with pytest.raises(ValueError, match="different lengths"):
+        plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(2), make_batch(3)), {})
+
+
+def test_dp_compute_proto_lists_non_dataproto_outputs():
+    plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(4),), {})
+    assert plan.collect([{"loss": 1.0}, {"loss": 2.0}]) == [{"loss": 1.0}, {"loss": 2.0}]

@@ -1,0 +1,138 @@
+"""Tests for verl.single_controller.ray_worker_group: two Ray actors driven through every dispatch mode.
+
+One Ray session and one worker group serve the whole module (Ray takes seconds to start on a small box).
+The worker classes live in ``remote_helpers`` so that the Ray worker processes can import them.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+from ray.exceptions import RayActorError
+
+from tests.single_controller.remote_helpers import EchoWorker, ExpectedWorkerError
+from verl.protocol import DataProto
+from verl.single_controller import PendingResult, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@pytest.fixture(scope="module")
+def group():
+    python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+    )
+    # Half a CPU each: both workers fit on a 2-core box next to anything else the tests start.
+    pool = RayResourcePool(num_workers=2, num_cpus_per_worker=0.5)
+    worker_group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, offset=100), name_prefix="echo_test")
+    yield worker_group
+    worker_group.shutdown()
+    ray.shutdown()
+
+
+def make_batch(num_rows: int) -> DataProto:
+    return DataProto.from_dict(
+        tensors={"x": torch.arange(num_rows) * 10}, non_tensors={"uid": [f"u{i}" for i in range(num_rows)]}
+    )
+
+
+def test_world_size_and_env(group):
+    assert group.world_size == 2
+    # Each worker read RANK / WORLD_SIZE from the environment the group gave it.
+    assert group.whoami("!") == ["rank0/2!", "rank1/2!"]
+
+
+def test_dp_compute_proto_pads_chunks_and_unpads(group):
+    # 5 rows are padded to 6 (row 0 repeated), chunked 3 + 3: rank 0 gets rows 0-2, rank 1 rows 3, 4 and the pad.
+    out = group.tag_rows(make_batch(5), scale=2)
+    assert isinstance(out, DataProto)
+    assert len(out) == 5
+    assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert out.batch["x"].tolist() == [0, 20, 40, 60, 80]  # x = 10 * i, times scale 2, rows in order
+    assert list(out.non_tensor_batch["uid"]) == ["u0", "u1", "u2", "u3", "u4"]
+
+
+def test_dp_compute_proto_keyword_batch(group):
+    out = group.tag_rows(data=make_batch(4))
+    # 4 rows need no padding: 2 per rank.
+    assert out.batch["rank"].tolist() == [0, 0, 1, 1]
+    assert out.batch["x"].tolist() == [0, 10, 20, 30]
+
+
+def test_dp_compute_proto_non_dataproto_outputs_are_listed(group):
+    # 5 rows padded to 6 give each rank 3 rows (the padding row is counted on rank 1).
+    assert group.row_metrics(make_batch(5)) == [{"rank": 0, "num_rows": 3}, {"rank": 1, "num_rows": 3}]
+
+
+def test_one_to_all_rank_zero_and_all_to_all(group):
+    assert group.rank_zero_value(1) == (0, 101)  # only rank 0 ran; offset 100 came from the init kwargs
+    assert group.add([1, 2], b=[10, 20]) == [(0, 11), (1, 22)]
+    assert group.only_rank_zero() == 0
+
+
+def test_all_to_all_rejects_wrong_length(group):
+    with pytest.raises(ValueError, match="one entry per rank"):
+        group.add([1, 2, 3])
+
+
+def test_non_blocking_call_returns_pending_result(group):
+    pending = group.later(4)
+    assert isinstance(pending, PendingResult)
+    assert pending.get() == [40, 41]
+
+
+def test_execute_all_reaches_unregistered_methods(group):
+    assert group.execute_all("plain_method", 5) == [5, 6]
+    with pytest.raises(ValueError, match="no method"):
+        group.execute_all("no_such_method")
+
+
+def test_torch_distributed_all_reduce_over_gloo(group):
+    assert group.init_torch_distributed(backend="gloo") == [True, True]
+    assert group.init_torch_distributed() == [False, False]  # already initialised: a no-op
+    assert group.backend() == ["gloo", "gloo"]
+    # rank + 1 summed over ranks 0 and 1: 1 + 2 = 3.
+    assert group.all_reduce_rank_plus_one() == [3.0, 3.0]
+
+
+def test_worker_exception_keeps_type_and_message(group):
+    with pytest.raises(ExpectedWorkerError) as info:
+        group.fail(only_rank=1)
+    err = info.value
+    assert str(err) == "step 3 failed on purpose (grad norm inf), rank 1"
+    assert err.rank == 1
+    assert "ExpectedWorkerError" in err.remote_traceback
+    # The group is still usable after a failed call.
+    assert group.whoami("") == ["rank0/2", "rank1/2"]
+
+
+def test_same_error_on_every_rank_is_raised_once(group, caplog):
+    with pytest.raises(ExpectedWorkerError, match="^the same message on every rank$") as info:
+        group.fail_same_message()
+    assert info.value.rank == 0  # the lowest failed rank is the one reported
+    assert "also failed" not in caplog.text
+
+
+def test_different_errors_report_lowest_rank_and_log_the_rest(group, caplog):
+    with pytest.raises(ExpectedWorkerError, match="rank 0$"):
+        group.fail()
+    assert "rank 1 also failed" in caplog.text
+
+
+def test_second_group_with_name_prefix_and_shutdown(group):
+    # A fresh group (its own torch.distributed world) next to the module's one; shutdown kills its actors.
+    other = RayWorkerGroup(RayResourcePool(1, num_cpus_per_worker=0.25), RayClassWithInitArgs(EchoWorker), "solo")
+    assert other.world_size == 1
+    assert other.whoami("") == ["rank0/1"]
+    handle = ray.get_actor("solo_0")
+    other.shutdown()
+    other.shutdown()  # idempotent
+    assert other.workers == []
+    with pytest.raises(RayActorError):
+        ray.get(handle.whoami.remote(""))

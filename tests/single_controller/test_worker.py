@@ -1,0 +1,76 @@
+"""Tests for verl.single_controller.worker: reading the rank from the environment and a one-rank process group."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from verl.single_controller.worker import Worker, find_free_port
+
+
+def test_defaults_without_environment(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    worker = Worker()
+    assert (worker.rank, worker.world_size, worker.local_rank) == (0, 1, 0)
+    assert worker.master_addr == "127.0.0.1" and worker.master_port is None
+
+
+def test_reads_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    worker = Worker()
+    assert (worker.rank, worker.world_size, worker.local_rank) == (2, 4, 0)
+    assert (worker.master_addr, worker.master_port) == ("10.0.0.1", 29500)
+
+
+@pytest.mark.parametrize(("name", "value"), [("RANK", "x"), ("WORLD_SIZE", "0"), ("RANK", "-1")])
+def test_rejects_malformed_environment(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        Worker()
+
+
+def test_rejects_rank_outside_world(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="not below WORLD_SIZE"):
+        Worker()
+
+
+def test_multi_rank_world_needs_master_port(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ValueError, match="MASTER_PORT"):
+        Worker().init_torch_distributed(backend="gloo")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised on a machine without CUDA")
+def test_nccl_without_cuda_is_rejected(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="gloo"):
+        Worker().init_torch_distributed(backend="nccl")
+
+
+def test_single_rank_process_group(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert not dist.is_initialized(), "another test left a process group behind"
+    worker = Worker()
+    try:
+        assert worker.init_torch_distributed(backend="gloo") is True
+        assert worker.init_torch_distributed() is False  # second call is a no-op
+        tensor = torch.tensor([3.0])
+        dist.all_reduce(tensor)
+        assert tensor.item() == 3.0  # a world of one: the sum is the value itself
+        assert worker.master_port is not None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_find_free_port_is_bindable():
+    port = find_free_port()
+    assert 0 < port < 65536

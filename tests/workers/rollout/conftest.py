@@ -1,0 +1,66 @@
+"""Shared builders for the rollout tests: a tiny random Hugging Face causal LM and a left-padded prompt batch."""
+
+import pytest
+import torch
+
+from verl.protocol import DataProto
+
+PAD_ID = 0
+VOCAB_SIZE = 32
+
+
+def make_prompts(rows: list[list[int]], num_prompt_tokens: int, non_tensors: dict | None = None, meta=None):
+    """Left-pad token rows to ``num_prompt_tokens`` and build the prompt DataProto of the shared layout."""
+    input_ids = torch.full((len(rows), num_prompt_tokens), PAD_ID, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, row in enumerate(rows):
+        input_ids[i, num_prompt_tokens - len(row) :] = torch.tensor(row)
+        attention_mask[i, num_prompt_tokens - len(row) :] = 1
+    position_ids = torch.clamp(attention_mask.cumsum(-1) - 1, min=0)
+    tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    return DataProto.from_dict(tensors, non_tensors, meta)
+
+
+def build_tiny_model(arch: str = "qwen2"):
+    """A 2-layer, hidden-32, vocab-32 random model; a wide init so greedy paths do not collapse to one token."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    config = config_cls(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.5,
+        pad_token_id=PAD_ID,
+    )
+    torch.manual_seed(0)
+    return model_cls(config).eval()
+
+
+def hf_logits_fn(model):
+    """The shared model contract over a Hugging Face model."""
+
+    def logits_fn(input_ids, attention_mask, position_ids):
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+
+    return logits_fn
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return build_tiny_model("qwen2")
+
+
+@pytest.fixture
+def prompts():
+    # row 0 is left-padded by 3, row 1 by 1, row 2 not at all
+    return make_prompts(
+        [[5, 6], [7, 8, 9, 10], [11, 12, 13, 14, 15]],
+        num_prompt_tokens=5,
+        non_tensors={"uid": ["a", "b", "c"], "ground_truth": ["1", "2", "3"]},
+        meta={"global_step": 7},
+    )

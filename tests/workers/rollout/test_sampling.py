@@ -1,0 +1,47 @@
+"""Tests for the naive rollout's token selection: top-k, top-p and greedy."""
+
+import math
+
+import torch
+
+from verl.workers.rollout.base import SamplingParams
+from verl.workers.rollout.sampling import apply_top_k, apply_top_p, sample_next_token
+
+NEG_INF = float("-inf")
+
+
+def test_top_k_keeps_k_largest():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    assert torch.equal(apply_top_k(logits, 2), torch.tensor([[NEG_INF, 4.0, 3.0, NEG_INF]]))
+    assert torch.equal(apply_top_k(logits, 0), logits)
+    assert torch.equal(apply_top_k(logits, -1), logits)
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    # probabilities 0.5, 0.3, 0.2 (logits are their logs)
+    logits = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+    # top_p 0.6: mass before 0.5 is 0 (keep), before 0.3 is 0.5 < 0.6 (keep), before 0.2 is 0.8 (drop)
+    kept = torch.isfinite(apply_top_p(logits, 0.6))
+    assert kept.tolist() == [[False, True, True]]
+    # top_p 0.5: mass before 0.3 is 0.5, not below 0.5 -> only the top token
+    assert torch.isfinite(apply_top_p(logits, 0.5)).tolist() == [[False, True, False]]
+    # top_p 0 still keeps one token
+    assert torch.isfinite(apply_top_p(logits, 0.0)).tolist() == [[False, True, False]]
+    assert torch.equal(apply_top_p(logits, 1.0), logits)
+
+
+def test_greedy_is_argmax_and_ignores_generator():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]], dtype=torch.float16)
+    params = SamplingParams(response_length=1, do_sample=False)
+    assert sample_next_token(logits, params).tolist() == [1, 0]
+
+
+def test_sampling_follows_filtered_distribution():
+    # with top_k=2 only tokens 1 and 2 can be drawn; at temperature 1 their odds are e^1 : 1
+    logits = torch.tensor([[0.0, 2.0, 1.0, -5.0]]).repeat(4000, 1)
+    params = SamplingParams(response_length=1, top_k=2)
+    draws = sample_next_token(logits, params, torch.Generator().manual_seed(0))
+    assert set(draws.unique().tolist()) <= {1, 2}
+    share_of_token_1 = (draws == 1).float().mean().item()
+    expected = math.e / (math.e + 1)  # 0.731
+    assert abs(share_of_token_1 - expected) < 0.03

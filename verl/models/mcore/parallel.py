@@ -1,0 +1,112 @@
+"""Process-group and random-seed setup that megatron-core needs before a model can be built.
+
+megatron-core reads its tensor/pipeline/data-parallel groups from the global ``parallel_state`` module, which in
+turn needs ``torch.distributed``. This module brings both up for the common cases: a single process (a gloo group
+of world size 1 on CPU, created on a free local port) and a process already launched into a world of N ranks by
+someone else (then the data-parallel size is N / (tp * pp)). Seeding follows the same split: megatron's CUDA RNG
+tracker is only touched when CUDA exists, because on CPU the portable layer spec never forks it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+logger = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    """Ask the OS for an unused TCP port on the loopback interface."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _init_single_process_group(backend: str | None) -> None:
+    """Start a world-size-1 process group, so that megatron's group bookkeeping has something to split."""
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    port = _free_port()
+    dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    logger.info("initialised a single-process %s group on port %d for megatron-core", backend, port)
+
+
+def ensure_model_parallel_initialized(tp: int = 1, pp: int = 1, backend: str | None = None) -> None:
+    """Make sure torch.distributed and megatron-core's model-parallel groups exist; idempotent.
+
+    If ``torch.distributed`` is not initialised, a single-process group is created (gloo on CPU, nccl when CUDA is
+    available, unless ``backend`` says otherwise). If it is already initialised with world size N, megatron's
+    groups are built over those N ranks, so the data-parallel size is ``N // (tp * pp)``. Calling it again with the
+    same sizes does nothing.
+
+    Args:
+        tp: tensor-model-parallel size.
+        pp: pipeline-model-parallel size.
+        backend: torch.distributed backend for a group this function creates; ignored if one already exists.
+
+    Raises:
+        ValueError: sizes that are not positive, that do not divide the world size, or that differ from those of
+            an already initialised megatron-core.
+    """
+    if tp < 1 or pp < 1:
+        raise ValueError(f"tensor/pipeline parallel sizes must be >= 1, got tp={tp}, pp={pp}")
+    if not dist.is_initialized():
+        _init_single_process_group(backend)
+    world_size = dist.get_world_size()
+    if parallel_state.model_parallel_is_initialized():
+        have_tp = parallel_state.get_tensor_model_parallel_world_size()
+        have_pp = parallel_state.get_pipeline_model_parallel_world_size()
+        if (have_tp, have_pp) != (tp, pp):
+            raise ValueError(
+                f"megatron-core is already initialised with tp={have_tp}, pp={have_pp}, but tp={tp}, pp={pp} was "
+                "requested; use the same sizes in one process, or call "
+                "megatron.core.parallel_state.destroy_model_parallel() first"
+            )
+        return
+    if world_size % (tp * pp) != 0:
+        raise ValueError(
+            f"world size {world_size} is not divisible by tp * pp = {tp} * {pp}; choose sizes whose product "
+            "divides the number of ranks"
+        )
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    logger.info(
+        "megatron-core model parallel initialised: tp=%d pp=%d dp=%d",
+        tp,
+        pp,
+        parallel_state.get_data_parallel_world_size(),
+    )
+
+
+def set_model_parallel_seed(seed: int) -> None:
+    """Seed the CPU generator, and megatron's CUDA RNG tracker when CUDA is available.
+
+    megatron's tracker (``model_parallel_cuda_manual_seed``) calls ``torch.cuda.manual_seed`` and is what its
+    GPU-side weight init and attention dropout fork from; on CPU nothing of megatron forks it (weights are
+    initialised on CPU with the default generator), so only ``torch.manual_seed`` is needed there.
+
+    Args:
+        seed: the base seed; megatron derives per-rank tensor-parallel seeds from it on GPU.
+    """
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def ensure_cuda_rng_tracker(seed: int = 1234) -> None:
+    """Initialise megatron's CUDA RNG tracker if nobody has; a no-op without CUDA.
+
+    megatron's GPU weight init and its local core attention fork the tracker's "model-parallel-rng" state, which
+    raises if that state was never added.
+
+    Args:
+        seed: seed to use when the tracker has to be created here.
+    """
+    if not torch.cuda.is_available():
+        return
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    if not tracker.is_initialized():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)

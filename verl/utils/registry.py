@@ -1,0 +1,89 @@
+"""The one registry helper behind every pluggable piece of verl.
+
+Update-outcome handlers, policy losses, advantage estimators, reward managers and rollouts are all looked up by
+name in a :class:`Registry`. Keeping one implementation means one duplicate rule (registering the same object
+twice is a no-op, a different object under a taken name is a ``ValueError``) and one error shape (an unknown name
+lists the registered ones). Registries are per process: code that registers must be imported in every process
+that looks the name up, which is why configs can name a ``module`` to import first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+def _qualified_name(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+class Registry(Generic[T]):
+    """A name -> object table with a decorator for registration.
+
+    Args:
+        kind: what the registry holds, in words ("update-outcome handler"); used in error messages.
+        config_key: the config key users set to choose an entry, named in lookup errors (optional).
+    """
+
+    def __init__(self, kind: str, config_key: str | None = None):
+        self.kind = kind
+        self.config_key = config_key
+        self._entries: dict[str, T] = {}
+
+    def add(self, name: str, obj: T) -> T:
+        """Register ``obj`` under ``name`` and return it.
+
+        Registering the same object again (or a re-import of it: same module and qualified name) is a no-op, so
+        modules that register at import time can be imported more than once.
+
+        Raises:
+            ValueError: ``name`` is empty or already holds a different object.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"A {self.kind} must be registered under a non-empty string name, got {name!r}.")
+        current = self._entries.get(name)
+        if current is not None and current is not obj:
+            if _qualified_name(current) != _qualified_name(obj):
+                raise ValueError(
+                    f"Cannot register {_qualified_name(obj)} as {self.kind} {name!r}: the name is taken by "
+                    f"{_qualified_name(current)}. Pick another name."
+                )
+        self._entries[name] = obj
+        return obj
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator form of :meth:`add`: ``@registry.register("name")``."""
+
+        def decorator(obj: T) -> T:
+            return self.add(name, obj)
+
+        return decorator
+
+    def get(self, name: str) -> T:
+        """Look ``name`` up.
+
+        Raises:
+            ValueError: the name is not registered; the message lists the registered names.
+        """
+        try:
+            return self._entries[name]
+        except (KeyError, TypeError):
+            where = f" (config key `{self.config_key}`)" if self.config_key else ""
+            raise ValueError(
+                f"Unknown {self.kind} {name!r}{where}. Registered: {', '.join(self.names()) or '(none)'}."
+            ) from None
+
+    def names(self) -> list[str]:
+        """The registered names, sorted."""
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)

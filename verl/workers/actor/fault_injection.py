@@ -1,0 +1,85 @@
+"""The fire drill: make chosen update steps produce non-finite gradients, on all ranks or on chosen ones.
+
+Before a long run a user wants to see their update-failure policy act: skip, warn, count, stop. Setting
+``fault_injection.nonfinite_grad_steps: [3, 4]`` poisons the gradients of update steps 3 and 4 (1-based, counted
+like ``UpdateOutcome.step``) right before the optimizer step, exactly where a real fp16 overflow shows up; the
+gradient all-reduce then carries the NaN to every rank, as a real overflow on one rank would.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _int_list(value: Any, key: str, minimum: int) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        from omegaconf import ListConfig, OmegaConf
+
+        if isinstance(value, ListConfig):
+            value = OmegaConf.to_container(value)
+    except ImportError:  # pragma: no cover
+        pass
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{key} must be a list of integers, got {value!r}.")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
+            raise ValueError(f"{key} must hold integers >= {minimum}, got {item!r} in {value!r}.")
+    return list(value)
+
+
+class FaultInjector:
+    """Poisons gradients at chosen update steps.
+
+    Args:
+        nonfinite_grad_steps: 1-based update steps whose gradients become NaN (empty: off).
+        ranks: the data-parallel ranks that poison their gradients; None means every rank.
+        rank: this process's data-parallel rank.
+        config_prefix: the config path of these options, for error messages.
+    """
+
+    def __init__(self, nonfinite_grad_steps=(), ranks=None, rank: int = 0, config_prefix: str = "fault_injection"):
+        self.steps = set(_int_list(list(nonfinite_grad_steps or []), f"{config_prefix}.nonfinite_grad_steps", 1))
+        self.ranks = _int_list(ranks, f"{config_prefix}.ranks", 0)
+        self.rank = rank
+        if self.steps:
+            logger.warning(
+                "Fire drill on: update steps %s get non-finite gradients on %s.",
+                sorted(self.steps),
+                "every rank" if self.ranks is None else f"ranks {self.ranks}",
+            )
+
+    @classmethod
+    def from_config(cls, config: Any, rank: int, config_prefix: str) -> FaultInjector:
+        if config is None:
+            return cls(rank=rank, config_prefix=config_prefix)
+        get = config.get if hasattr(config, "get") else lambda k, d=None: getattr(config, k, d)
+        return cls(get("nonfinite_grad_steps", ()), get("ranks", None), rank=rank, config_prefix=config_prefix)
+
+    def applies_to(self, step: int) -> bool:
+        return step in self.steps and (self.ranks is None or self.rank in self.ranks)
+
+    @torch.no_grad()
+    def maybe_poison(self, step: int, params: Iterable[torch.nn.Parameter]) -> bool:
+        """Fill one gradient with NaN when ``step`` is a drill step for this rank; returns whether it did.
+
+        megatron-core's DDP keeps gradients in ``param.main_grad``; plain PyTorch in ``param.grad``.
+        """
+        if not self.applies_to(step):
+            return False
+        for param in params:
+            grad = getattr(param, "main_grad", None)
+            if grad is None:
+                grad = param.grad
+            if grad is not None:
+                grad.fill_(float("nan"))
+                logger.warning("Fire drill: poisoned the gradients of update step %d on rank %d.", step, self.rank)
+                return True
+        return False

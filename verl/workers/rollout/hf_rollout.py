@@ -1,0 +1,126 @@
+"""The ``hf`` rollout: responses from ``transformers`` ``generate`` on a Hugging Face causal LM.
+
+Generation uses the model's own KV cache, so it is the faster choice for ``dp`` training of HF models. The
+options are the same as the naive rollout's: prompts are repeated interleaved on our side (one repetition rule for
+both rollouts) and ``generate`` then runs with ``max_new_tokens = response_length``. The generation config is
+built explicitly and switches off the penalties and warpers a checkpoint's ``generation_config.json`` may set
+(repetition penalty, min length, typical-p, ...), because the trainer recomputes log-probs from plain softmaxed
+logits and any extra warper would make rollout and trainer disagree. A seed seeds a private generator from which
+each call draws the seed of a forked random state, so seeded runs are reproducible per call order without
+touching torch's global random state. The output goes through the shared post-processing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from verl.protocol import DataProto
+from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
+from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
+
+__all__ = ["HFRollout"]
+
+
+def _generation_kwargs(params: SamplingParams, pad_token_id: int, eos_ids: list[int]) -> dict[str, Any]:
+    """Keyword values of the ``GenerationConfig`` for one call; neutral values for everything we do not use."""
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": params.response_length,
+        "min_new_tokens": 0,
+        "do_sample": not params.greedy,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+        "pad_token_id": pad_token_id,
+        "eos_token_id": eos_ids,
+        "repetition_penalty": 1.0,
+        "no_repeat_ngram_size": 0,
+        "use_cache": True,
+    }
+    if not params.greedy:
+        kwargs.update(
+            temperature=float(params.temperature),
+            # 0 is transformers' "off" for top-k
+            top_k=max(int(params.top_k), 0),
+            top_p=float(params.top_p),
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+        )
+    return kwargs
+
+
+@register_rollout("hf")
+class HFRollout(BaseRollout):
+    """Sample responses with ``module.generate``.
+
+    Args:
+        module: a ``transformers`` causal LM (anything with ``generate`` and ``generation_config``).
+        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+            :class:`~verl.workers.rollout.base.SamplingParams` for the keys used.
+        pad_token_id: id written after a row's eos and in right padding.
+        eos_token_id: one eos id or a list of them.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        config: DictConfig | Mapping[str, Any],
+        pad_token_id: int,
+        eos_token_id: int | Sequence[int],
+    ):
+        if not hasattr(module, "generate"):
+            raise ValueError(
+                f"HFRollout needs a transformers causal LM with .generate(), got {type(module).__name__}; "
+                "use the 'naive' rollout for other models."
+            )
+        self.module = module
+        self.params = SamplingParams.from_config(config)
+        self.pad_token_id = int(pad_token_id)
+        self.eos_ids = as_eos_ids(eos_token_id)
+        self._seed_source: torch.Generator | None = None
+        if self.params.seed is not None:
+            self._seed_source = torch.Generator()
+            self._seed_source.manual_seed(self.params.seed)
+
+    def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        from transformers import GenerationConfig
+
+        generation_config = GenerationConfig(**_generation_kwargs(params, self.pad_token_id, self.eos_ids))
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            return self.module.generate(
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+            )
+        finally:
+            self.module.train(was_training)
+
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate ``n`` responses per prompt with ``generate``.
+
+        Args:
+            prompts: ``input_ids``, ``attention_mask``, ``position_ids`` (B, P), left-padded; its ``meta_info``
+                may override ``n``, ``temperature``, ``top_k``, ``top_p``, ``do_sample`` for this call.
+
+        Returns:
+            The rollout layout for B * n rows (see :class:`BaseRollout`), non-tensors repeated, meta_info kept.
+        """
+        check_prompts(prompts)
+        params = self.params.with_overrides(prompts.meta_info)
+        repeated = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
+        input_ids = repeated.batch["input_ids"].long()
+        attention_mask = repeated.batch["attention_mask"].long()
+        if self._seed_source is None or params.greedy:
+            output = self._generate(input_ids, attention_mask, params)
+        else:
+            call_seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+            devices = [input_ids.device] if input_ids.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(call_seed)
+                output = self._generate(input_ids, attention_mask, params)
+        responses = output[:, input_ids.shape[1] :]
+        return build_rollout_output(repeated, responses, params.response_length, self.pad_token_id, self.eos_ids)

@@ -1,0 +1,34 @@
+"""What happens when an optimizer update fails: a policy, chosen by name from a registry.
+
+Backends report an :class:`UpdateOutcome` after every optimizer step; the handler built from
+``update_failure_policy`` turns it into metrics or stops training with :class:`UpdateFailedError`. Register a
+policy of your own with :func:`register_update_outcome_handler` and select it by name (with ``module:`` so every
+worker process imports it). See docs/advance/update_failure_policy.md.
+"""
+
+from verl.workers.update_outcome.base import (
+    UPDATE_OUTCOME_HANDLER_REGISTRY,
+    UpdateOutcomeHandler,
+    get_update_outcome_handler_cls,
+    list_update_outcome_handlers,
+    register_update_outcome_handler,
+)
+from verl.workers.update_outcome.builder import build_update_outcome_handler, is_fp16, resolve_policy_name
+from verl.workers.update_outcome.handlers import FP16WarnAndCountHandler, StrictHandler
+from verl.workers.update_outcome.outcome import UpdateFailedError, UpdateOutcome, policy_config_key
+
+__all__ = [
+    "UPDATE_OUTCOME_HANDLER_REGISTRY",
+    "FP16WarnAndCountHandler",
+    "StrictHandler",
+    "UpdateFailedError",
+    "UpdateOutcome",
+    "UpdateOutcomeHandler",
+    "build_update_outcome_handler",
+    "get_update_outcome_handler_cls",
+    "is_fp16",
+    "list_update_outcome_handlers",
+    "policy_config_key",
+    "register_update_outcome_handler",
+    "resolve_policy_name",
+]

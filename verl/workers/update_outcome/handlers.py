@@ -1,0 +1,122 @@
+"""The built-in update-outcome policies, registered side by side.
+
+``strict`` stops on the first failed update: right for fp32 and bf16, where a failed update means the gradients
+went non-finite and something is broken. ``fp16_warn_and_count`` is the fp16 policy: failed updates are expected
+while the dynamic loss scaler backs off from its high initial scale, so each one is skipped with a warning and
+counted, and the run stops only when failures persist beyond what the scaler can absorb.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from verl.workers.update_outcome.base import UpdateOutcomeHandler, register_update_outcome_handler
+from verl.workers.update_outcome.outcome import (
+    UpdateFailedError,
+    UpdateOutcome,
+    describe_outcome,
+    policy_config_key,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@register_update_outcome_handler("strict")
+class StrictHandler(UpdateOutcomeHandler):
+    """Raise :class:`UpdateFailedError` on any failed update."""
+
+    def on_failure(self, outcome: UpdateOutcome) -> None:
+        key = policy_config_key(outcome.role)
+        raise UpdateFailedError(
+            f"{outcome.role} update failed at step {outcome.step}: {outcome.failure_reason}; "
+            f"{describe_outcome(outcome)}; failures: {self.num_consecutive_failures} consecutive, "
+            f"{self.num_total_failures} in total. The update-failure policy is 'strict', which stops on the first "
+            f"failed update. For fp16 training, where the loss scaler's first skipped steps are expected, set "
+            f"{key}=fp16_warn_and_count (or auto); otherwise look for the source of the non-finite gradients "
+            f"(learning rate, data, dtype).",
+            outcome,
+        )
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"fp16_warn_and_count: {name} must be an integer >= {minimum}, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"fp16_warn_and_count: {name} must be >= {minimum}, got {value}.")
+    return value
+
+
+@register_update_outcome_handler("fp16_warn_and_count")
+class FP16WarnAndCountHandler(UpdateOutcomeHandler):
+    """Skip failed updates with a warning; stop when too many in a row were not absorbed by the loss scaler.
+
+    A failure is absorbed when the dynamic loss scaler could still back off (``loss_scale > min_loss_scale``):
+    the scaler is still finding its range. Failures at the floor, or without dynamic loss scaling, are not
+    absorbed. A successful update resets both consecutive counts.
+
+    Args:
+        max_consecutive_failures: raise when more than this many consecutive failures were not absorbed (>= 1).
+        ignore_loss_scale_backoff: when False, every failure counts towards the limit, absorbed or not.
+    """
+
+    def __init__(self, max_consecutive_failures: int = 10, ignore_loss_scale_backoff: bool = True):
+        super().__init__()
+        self.max_consecutive_failures = _check_int("max_consecutive_failures", max_consecutive_failures, 1)
+        if not isinstance(ignore_loss_scale_backoff, bool):
+            raise ValueError(
+                f"fp16_warn_and_count: ignore_loss_scale_backoff must be true or false, got "
+                f"{ignore_loss_scale_backoff!r}."
+            )
+        self.ignore_loss_scale_backoff = ignore_loss_scale_backoff
+        self.num_consecutive_unabsorbed = 0
+
+    def _absorbed(self, outcome: UpdateOutcome) -> bool:
+        return self.ignore_loss_scale_backoff and outcome.absorbable
+
+    def on_success(self, outcome: UpdateOutcome) -> None:
+        self.num_consecutive_unabsorbed = 0
+
+    def on_failure(self, outcome: UpdateOutcome) -> None:
+        absorbed = self._absorbed(outcome)
+        if not absorbed:
+            self.num_consecutive_unabsorbed += 1
+        counts = (
+            f"{self.num_consecutive_failures} consecutive ({self.num_consecutive_unabsorbed} not absorbed by the "
+            f"loss scaler), {self.num_total_failures} in total"
+        )
+        if self.num_consecutive_unabsorbed > self.max_consecutive_failures:
+            key = policy_config_key(outcome.role)
+            raise UpdateFailedError(
+                f"{outcome.role} update failed at step {outcome.step}: {outcome.failure_reason}; "
+                f"{describe_outcome(outcome)}; failures: {counts}. That is more than max_consecutive_failures="
+                f"{self.max_consecutive_failures} consecutive failures the loss scaler could not absorb, so the "
+                f"gradients are not recovering. Check the learning rate, the data and min_loss_scale; to allow more, "
+                f"raise {key}.max_consecutive_failures.",
+                outcome,
+            )
+        note = "skipped while the loss scaler backs off" if absorbed else "skipped"
+        logger.warning(
+            "%s update failed at step %d (%s): %s; %s; failures: %s.",
+            outcome.role,
+            outcome.step,
+            note,
+            outcome.failure_reason,
+            describe_outcome(outcome),
+            counts,
+        )
+
+    def metrics(self, outcome: UpdateOutcome) -> dict[str, float]:
+        metrics = super().metrics(outcome)
+        metrics[f"{outcome.role}/update_failures_unabsorbed"] = float(self.num_consecutive_unabsorbed)
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["num_consecutive_unabsorbed"] = self.num_consecutive_unabsorbed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        # A checkpoint written under another policy has no such counter: the consecutive count is the safe bound.
+        self.num_consecutive_unabsorbed = int(state.get("num_consecutive_unabsorbed", self.num_consecutive_failures))
