@@ -69,7 +69,11 @@ def test_budget_counts_only_unabsorbed_failures_across_successes():
 def test_state_round_trip_continues_the_same_budget():
     handler = build(max_total_failures=2)
     # F at the floor (spent 1), S, F absorbed at 2**10 (spent 1): total 2, consecutive 1, last step 3.
-    for o in (outcome(1, scale=1.0, floor=1.0), outcome(2, ok=True, scale=1.0, floor=1.0), outcome(3, 1024.0, 1.0)):
+    for o in (
+        outcome(1, scale=1.0, floor=1.0),
+        outcome(2, ok=True, scale=1.0, floor=1.0),
+        outcome(3, scale=1024.0, floor=1.0),
+    ):
         handler.handle(o)
     state = handler.state_dict()
     assert state == {

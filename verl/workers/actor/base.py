@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils.checkpoint import load_state, load_weights, save_state, save_weights
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.update_outcome import UpdateOutcome, build_update_outcome_handler
@@ -28,7 +31,15 @@ from verl.workers.update_outcome import UpdateOutcome, build_update_outcome_hand
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages"]
+UPDATE_KEYS = [
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "old_log_probs",
+    "advantages",
+]
 # Handler metrics are counters: a training step reports their last value, and whether any update failed.
 _LAST_VALUE_SUFFIXES = ("update_failures_consecutive", "update_failures_total", "update_failures_unabsorbed")
 
@@ -42,6 +53,11 @@ def resolve_dtype(name: str, key: str) -> torch.dtype:
 
 def _cfg(config: Any, key: str, default: Any = None) -> Any:
     return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+
+
+def _tied_aliases(weights: dict[str, torch.Tensor]) -> set[str]:
+    # Tied output weights are saved once under the embedding name by some models; nothing is missing then.
+    return {"lm_head.weight"} if "model.embed_tokens.weight" in weights else set()
 
 
 def reduce_step_metrics(metrics: dict[str, list[float]]) -> dict[str, float]:
@@ -146,10 +162,15 @@ class BasePPOActor(ABC):
     # ------------------------------------------------------------------ the update
 
     def _micro_batch_loss(self, micro: DataProto, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+        entropy_coeff = float(_cfg(self.config, "entropy_coeff", 0.0))
+        log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=entropy_coeff != 0)
+        return self._loss_from_log_probs(micro, log_prob, entropy)
+
+    def _loss_from_log_probs(self, micro: DataProto, log_prob, entropy) -> tuple[torch.Tensor, dict[str, float]]:
+        """Policy loss - entropy bonus + KL loss of one micro-batch, from its response log-probs (B, R)."""
         batch, cfg = micro.batch, self.config
         entropy_coeff = float(_cfg(cfg, "entropy_coeff", 0.0))
         loss_agg_mode = _cfg(cfg, "loss_agg_mode", "token-mean")
-        log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy=entropy_coeff != 0)
         log_prob = log_prob.float()
         mask = batch["response_mask"]
         policy_loss_fn = get_policy_loss_fn(_cfg(cfg, "policy_loss", "vanilla") or "vanilla")
@@ -170,15 +191,22 @@ class BasePPOActor(ABC):
             metrics[f"{self.role}/kl_loss"] = kl_loss.item()
         return loss, metrics
 
+    def _micro_batch_weight(self, micro: DataProto, mini: DataProto) -> float:
+        """The micro-batch's share of the mini-batch, so that accumulated gradients equal the mini-batch loss's.
+
+        token-mean averages over tokens, so the share is by valid tokens; the sequence-mean modes share by rows.
+        """
+        if _cfg(self.config, "loss_agg_mode", "token-mean") == "token-mean":
+            return float(micro.batch["response_mask"].sum()) / max(float(mini.batch["response_mask"].sum()), 1.0)
+        return len(micro) / len(mini)
+
     def _backward_mini_batch(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
         """Forward and backward every micro-batch of ``mini``, accumulating gradients; returns their metrics."""
         self.optimizer.zero_grad()
         all_metrics = []
         for micro in mini.split(self.micro_batch_size):
             loss, metrics = self._micro_batch_loss(micro, temperature)
-            # Each micro-batch's mean loss is weighted by its share of the mini-batch, so the accumulated gradient
-            # equals the gradient of the mini-batch mean.
-            self.optimizer.backward(loss * (len(micro) / len(mini)))
+            self.optimizer.backward(loss * self._micro_batch_weight(micro, mini))
             all_metrics.append(metrics)
         return all_metrics
 
@@ -254,3 +282,30 @@ class BasePPOActor(ABC):
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.update_outcome_handler.load_state_dict(state["update_outcome_handler"])
         self.num_update_steps = int(state["num_update_steps"])
+
+    @abstractmethod
+    def model_module(self) -> torch.nn.Module:
+        """The trained module (unwrapped), whose state_dict is the checkpointed weights."""
+
+    def save_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Weights to ``model.safetensors`` and the training state to ``train_state.pt`` in ``directory``.
+
+        The caller makes the directory atomic (see :func:`verl.utils.checkpoint.atomic_directory`).
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_weights(directory / "model.safetensors", self.model_module().state_dict())
+        save_state(directory / "train_state.pt", self.training_state_dict())
+
+    def load_checkpoint(self, directory: str | os.PathLike) -> None:
+        """Restore what :meth:`save_checkpoint` wrote: weights, optimizer, loss scaler, LR schedule, handler."""
+        directory = Path(directory)
+        weights = load_weights(directory / "model.safetensors")
+        missing, unexpected = self.model_module().load_state_dict(weights, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state") and k not in _tied_aliases(weights)]
+        if missing or unexpected:
+            raise ValueError(
+                f"{directory}: checkpoint weights do not fit the model (missing {missing[:5]}, unexpected "
+                f"{list(unexpected)[:5]}); was it written for another model?"
+            )
+        self.load_training_state_dict(load_state(directory / "train_state.pt"))

@@ -38,5 +38,8 @@ class DataParallelPPOActor(BasePPOActor):
         )
         return getattr(output, "logits", output)
 
+    def model_module(self) -> torch.nn.Module:
+        return self.actor_module
+
     def _trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.actor_module.parameters() if p.requires_grad]

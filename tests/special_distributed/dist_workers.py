@@ -1,0 +1,43 @@
+"""Process entry points for the multi-process (gloo) tests; importable so that spawned processes can find them."""
+
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+
+
+def dp_actor_fire_drill(rank: int, world_size: int, port: int, result_queue) -> None:
+    """Train the tiny dp actor on two ranks with only rank 1's gradients poisoned; report what each rank saw."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+    from verl.utils.amp_optimizer import build_amp_optimizer
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.update_outcome import UpdateFailedError
+
+    seen, raised_at, error = [], None, None
+    try:
+        model = tiny_qwen2(seed=0)
+        cfg = actor_config(
+            update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 2},
+            fault_injection={"nonfinite_grad_steps": [2, 3, 4, 5], "ranks": [1]},
+        )
+        optimizer, scheduler = build_amp_optimizer(
+            model.parameters(), cfg.optim, dtype=torch.float32, total_training_steps=10
+        )
+        actor = DataParallelPPOActor(cfg, model, optimizer, scheduler, rank=rank)
+        batch = ppo_batch(seed=rank)  # each rank trains on its own data
+        batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+        for _ in range(8):
+            metrics = actor.update_policy(batch)
+            seen.append((actor.num_update_steps, metrics["actor/update_failed"]))
+    except UpdateFailedError as err:
+        raised_at = err.step
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    # bytes, not tensors: tensors cross a Queue through shared memory that dies with this process
+    weights = [p.detach().numpy().tobytes() for p in model.parameters()] if error is None else None
+    result_queue.put((rank, seen, raised_at, error, weights))
+    dist.destroy_process_group()

@@ -1,0 +1,89 @@
+"""Shared fixtures for the actor tests: a tiny random Qwen2 model and a PPO batch in the rollout layout."""
+
+import torch
+from omegaconf import OmegaConf
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from verl.protocol import DataProto
+
+VOCAB, PROMPT, RESPONSE = 32, 4, 4
+
+
+def tiny_qwen2(seed=0, vocab=VOCAB):
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        attn_implementation="eager",
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def actor_config(**overrides):
+    base = {
+        "strategy": "dp",
+        "dtype": "float32",
+        "ppo_mini_batch_size": 8,
+        "ppo_micro_batch_size_per_gpu": 4,
+        "log_prob_micro_batch_size_per_gpu": 8,
+        "ppo_epochs": 1,
+        "shuffle": False,
+        "policy_loss": "vanilla",
+        "clip_ratio": 0.2,
+        "clip_ratio_low": None,
+        "clip_ratio_high": None,
+        "clip_ratio_c": 3.0,
+        "loss_agg_mode": "token-mean",
+        "entropy_coeff": 0.0,
+        "use_kl_loss": False,
+        "kl_loss_coef": 0.001,
+        "kl_loss_type": "low_var_kl",
+        "update_failure_policy": "auto",
+        "fault_injection": {"nonfinite_grad_steps": [], "ranks": None},
+        "optim": {
+            "lr": 1e-2,
+            "weight_decay": 0.0,
+            "clip_grad": 1.0,
+            "lr_warmup_steps": 0,
+            "lr_scheduler": "constant",
+            "initial_loss_scale": 2.0**32,
+            "min_loss_scale": 1.0,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+        },
+    }
+    cfg = OmegaConf.create(base)
+    return OmegaConf.merge(cfg, OmegaConf.create(overrides))
+
+
+def ppo_batch(num_samples=8, seed=0):
+    """Left-padded prompts, right-padded responses, advantages +1 for even rows and -1 for odd rows."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(3, VOCAB, (num_samples, PROMPT), generator=gen)
+    responses = torch.randint(3, VOCAB, (num_samples, RESPONSE), generator=gen)
+    attention_mask = torch.ones(num_samples, PROMPT + RESPONSE, dtype=torch.long)
+    attention_mask[0, 0] = 0  # one left-padded prompt
+    attention_mask[1, -1] = 0  # one response that ended early
+    prompts[0, 0] = 0
+    responses[1, -1] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(num_samples)])
+    response_mask = attention_mask[:, PROMPT:].clone()
+    return DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=-1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_mask": response_mask,
+            "advantages": sign[:, None].expand(-1, RESPONSE) * response_mask,
+            "old_log_probs": torch.zeros(num_samples, RESPONSE),
+        }
+    )

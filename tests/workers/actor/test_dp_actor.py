@@ -1,0 +1,169 @@
+"""DataParallelPPOActor: real fp16 overflow, strict, the fire drill, checkpoint resume."""
+
+import logging
+
+import pytest
+import torch
+
+from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+from verl.utils.amp_optimizer import build_amp_optimizer
+from verl.utils.checkpoint import atomic_directory
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.update_outcome import FP16WarnAndCountHandler, StrictHandler, UpdateFailedError
+
+
+def make_actor(seed=0, **overrides):
+    model = tiny_qwen2(seed)
+    cfg = actor_config(**overrides)
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[cfg.dtype]
+    optimizer, scheduler = build_amp_optimizer(model.parameters(), cfg.optim, dtype=dtype, total_training_steps=100)
+    return DataParallelPPOActor(cfg, model, optimizer, scheduler)
+
+
+def batch_with_old_log_probs(actor, seed=0):
+    batch = ppo_batch(seed=seed)
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    return batch
+
+
+def snapshot(actor):
+    params = {k: v.detach().clone() for k, v in actor.actor_module.state_dict().items()}
+    opt_state = actor.optimizer.optimizer.state_dict()
+    moments = {
+        (pid, key): value.clone()
+        for pid, state in opt_state["state"].items()
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+    return params, moments, actor.lr_scheduler.last_epoch
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_log_probs_match_a_direct_computation():
+    actor = make_actor()
+    batch = ppo_batch()
+    log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
+    logits = actor.actor_module(
+        input_ids=batch.batch["input_ids"],
+        attention_mask=batch.batch["attention_mask"],
+        position_ids=batch.batch["position_ids"],
+    ).logits
+    # the response token at t is predicted by the logits at position P + t - 1 (P = 4)
+    expected = torch.log_softmax(logits[:, 3:7].float(), -1).gather(-1, batch.batch["responses"][..., None])[..., 0]
+    torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=1e-5)
+    assert entropy.shape == (8, 4) and torch.all(entropy > 0)
+
+
+def test_real_fp16_overflow_is_absorbed_then_training_works(caplog):
+    # Loss scale 2**32 overflows the fp16 backward; the scaler halves until the gradients fit. auto -> the fp16
+    # policy, which skips those updates with a warning and raises nothing.
+    actor = make_actor(dtype="float16")
+    assert isinstance(actor.update_outcome_handler, FP16WarnAndCountHandler)
+    batch = batch_with_old_log_probs(actor)
+    losses, failed = [], []
+    with caplog.at_level(logging.WARNING):
+        for _ in range(30):
+            metrics = actor.update_policy(batch)
+            failed.append(metrics["actor/update_failed"])
+            losses.append(metrics["actor/pg_loss"])
+    num_skipped = int(sum(failed))
+    first_success = failed.index(0.0)
+    # 2**32 overflows the first updates; near its range the scale may overflow once more (a further skip) and
+    # then settles: the last updates all apply.
+    assert first_success >= 2 and failed[:first_success] == [1.0] * first_success
+    assert failed[-5:] == [0.0] * 5
+    assert metrics["actor/update_failures_total"] == num_skipped
+    assert metrics["actor/loss_scale"] < 2.0**32
+    assert any("loss scaler backs off" in r.getMessage() for r in caplog.records)
+    # Advantages +1 on even rows and -1 on odd rows: the surrogate loss falls once updates apply.
+    assert losses[-1] < losses[first_success] - 0.05
+
+
+def test_strict_raises_on_the_first_overflow():
+    actor = make_actor(dtype="float16", update_failure_policy="strict")
+    assert isinstance(actor.update_outcome_handler, StrictHandler)
+    batch = batch_with_old_log_probs(actor)
+    with pytest.raises(UpdateFailedError) as info:
+        actor.update_policy(batch)
+    message = str(info.value)
+    assert "actor update failed at step 1" in message and "overflow" in message
+    assert "loss_scale=4.29497e+09" in message
+
+
+def test_fire_drill_steps_leave_weights_moments_and_schedule_untouched():
+    # fp32 + fp16_warn_and_count: steps 2 and 3 get NaN gradients; steps 1 and 4 update.
+    actor = make_actor(
+        update_failure_policy="fp16_warn_and_count",
+        fault_injection={"nonfinite_grad_steps": [2, 3], "ranks": None},
+        optim={"lr_scheduler": "cosine", "lr_warmup_steps": 2},
+    )
+    batch = batch_with_old_log_probs(actor)
+    actor.update_policy(batch)  # step 1 succeeds
+    before = snapshot(actor)
+    adam_step = actor.optimizer.optimizer.state_dict()["state"][0]["step"].clone()
+    for expected_total in (1, 2):  # steps 2 and 3 are poisoned
+        metrics = actor.update_policy(batch)
+        assert metrics["actor/update_failed"] == 1.0
+        assert metrics["actor/update_failures_total"] == expected_total
+    after = snapshot(actor)
+    assert_same(before[0], after[0])  # weights bit for bit
+    assert_same(before[1], after[1])  # moments bit for bit (exp_avg, exp_avg_sq, step)
+    assert before[2] == after[2]  # the LR schedule did not advance
+    assert torch.equal(actor.optimizer.optimizer.state_dict()["state"][0]["step"], adam_step)
+    metrics = actor.update_policy(batch)  # step 4 updates again
+    assert metrics["actor/update_failed"] == 0.0
+    assert actor.lr_scheduler.last_epoch == before[2] + 1
+
+
+def test_fire_drill_under_strict_names_step_and_reason():
+    actor = make_actor(fault_injection={"nonfinite_grad_steps": [1], "ranks": None})
+    with pytest.raises(UpdateFailedError, match="step 1: non-finite gradient norm"):
+        actor.update_policy(batch_with_old_log_probs(actor))
+
+
+def test_fire_drill_config_is_validated():
+    with pytest.raises(ValueError, match=r"fault_injection\.nonfinite_grad_steps must hold integers >= 1"):
+        make_actor(fault_injection={"nonfinite_grad_steps": [0], "ranks": None})
+
+
+def test_bad_batch_sizes_are_rejected():
+    with pytest.raises(ValueError, match="positive multiple of ppo_micro_batch_size_per_gpu"):
+        make_actor(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=4)
+
+
+def test_micro_batches_accumulate_to_the_mini_batch_gradient():
+    # One mini-batch of 8 as 2 micro-batches of 4 must give the same update as one micro-batch of 8.
+    a = make_actor(ppo_micro_batch_size_per_gpu=4)
+    b = make_actor(ppo_micro_batch_size_per_gpu=8)
+    batch = batch_with_old_log_probs(a)
+    ma, mb = a.update_policy(batch), b.update_policy(batch)
+    assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
+    for pa, pb in zip(a.actor_module.parameters(), b.actor_module.parameters()):
+        torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)  # Adam amplifies float noise
+
+
+def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
+    # fp16 so that the loss scaler's state and the handler's counters are part of what must be restored.
+    straight = make_actor(dtype="float16")
+    batch = batch_with_old_log_probs(straight)
+    for _ in range(20):
+        straight.update_policy(batch)
+    resumed_src = make_actor(dtype="float16")
+    for _ in range(18):
+        resumed_src.update_policy(batch)
+    with atomic_directory(tmp_path / "ckpt") as tmp:
+        resumed_src.save_checkpoint(tmp)
+    resumed = make_actor(seed=123, dtype="float16")  # different init: everything must come from the checkpoint
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert resumed.update_outcome_handler.state_dict() == resumed_src.update_outcome_handler.state_dict()
+    for _ in range(2):
+        resumed.update_policy(batch)
+    assert_same(straight.actor_module.state_dict(), resumed.actor_module.state_dict())
+    assert resumed.num_update_steps == straight.num_update_steps == 20
+    assert resumed.optimizer.get_loss_scale() == straight.optimizer.get_loss_scale()
+    assert resumed.update_outcome_handler.state_dict() == straight.update_outcome_handler.state_dict()

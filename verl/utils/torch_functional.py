@@ -1,0 +1,140 @@
+"""Tensor helpers shared by the losses, the actors and the trainer: masked statistics, log-probs, schedules.
+
+Log-probs are computed as ``logit[label] - logsumexp(logits)`` in fp32, one chunk of rows at a time, so that a
+half-precision batch never needs a full-vocabulary fp32 ``log_softmax`` copy of itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+_LOGSUMEXP_CHUNK_ROWS = 1024
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is 1 (over all elements, or along ``axis``)."""
+    return (values * mask).sum() if axis is None else (values * mask).sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over the positions where ``mask`` is 1 (an empty mask gives 0, not NaN)."""
+    total = mask.sum() if axis is None else mask.sum(dim=axis)
+    return masked_sum(values, mask, axis) / total.clamp(min=1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the masked values (Bessel-corrected when ``unbiased``)."""
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        count = mask.sum()
+        if count <= 1:
+            raise ValueError(f"masked_var needs at least 2 unmasked values for an unbiased estimate, got {count}.")
+        variance = variance * count / (count - 1)
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(values - mean) / std over the masked positions; the mean is added back when not ``shift_mean``."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def _chunked_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = [chunk.float().logsumexp(dim=-1) for chunk in flat.split(_LOGSUMEXP_CHUNK_ROWS)]
+    return torch.cat(parts).view(logits.shape[:-1])
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """log p(label) under softmax(logits).
+
+    Args:
+        logits: (..., V), any float dtype.
+        labels: (...) int64.
+
+    Returns:
+        (...) float32 log-probabilities.
+    """
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
+    return picked - _chunked_logsumexp(logits)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy (...,) of softmax(logits (..., V)), in fp32: logsumexp(z) - sum(softmax(z) * z)."""
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def compute_response_log_probs(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    calculate_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the response tokens from full-sequence logits.
+
+    Args:
+        logits: (B, S, V) logits of the whole sequence; position t predicts token t + 1.
+        input_ids: (B, S) tokens whose last ``response_length`` positions are the response.
+        response_length: R.
+        temperature: the rollout's sampling temperature; logits are divided by it.
+        calculate_entropy: also return the entropy of each predictive distribution.
+
+    Returns:
+        (log_probs (B, R) float32, entropy (B, R) float32 or None)
+    """
+    seq_len = input_ids.shape[-1]
+    response_logits = logits[:, seq_len - response_length - 1 : seq_len - 1, :]
+    if temperature != 1.0:
+        response_logits = response_logits / temperature
+    labels = input_ids[:, seq_len - response_length :]
+    log_probs = logprobs_from_logits(response_logits, labels)
+    entropy = entropy_from_logits(response_logits) if calculate_entropy else None
+    return log_probs, entropy
+
+
+def get_constant_schedule_with_warmup(optimizer, num_warmup_steps: int) -> LambdaLR:
+    """LR rises linearly from 0 over ``num_warmup_steps`` steps, then stays at the base LR."""
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / num_warmup_steps) if num_warmup_steps > 0 else 1.0
+
+    return LambdaLR(optimizer, factor)
+
+
+def get_cosine_schedule_with_warmup(
+    optimizer, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0
+) -> LambdaLR:
+    """Linear warm-up, then a half cosine from the base LR down to ``min_lr_ratio`` x base LR."""
+
+    def factor(step: int) -> float:
+        if num_warmup_steps > 0 and step < num_warmup_steps:
+            return (step + 1) / num_warmup_steps
+        span = max(1, num_training_steps - num_warmup_steps)
+        progress = min(1.0, (step - num_warmup_steps) / span)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
+LR_SCHEDULERS = ("constant", "cosine")
+
+
+def build_lr_scheduler(
+    optimizer, name: str, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0
+) -> LambdaLR:
+    """The LR schedule ``name`` (constant | cosine), stepped once per training step."""
+    if name == "constant":
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps)
+    if name == "cosine":
+        if not 0.0 <= min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}.")
+        return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, min_lr_ratio)
+    raise ValueError(f"optim.lr_scheduler={name!r} is not supported; use one of {list(LR_SCHEDULERS)}.")

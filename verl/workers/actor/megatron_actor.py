@@ -1,0 +1,130 @@
+"""The ``megatron`` backend's actor: a megatron-core GPTModel under the shared loop and step contract.
+
+Two paths, chosen by the device (the worker logs which):
+
+- GPU: the model is wrapped in megatron-core's ``DistributedDataParallel`` with fp16/bf16 parameters, trained by
+  ``get_megatron_optimizer`` and ``get_forward_backward_func`` (pipeline size 1 or more). The outcome comes from the
+  optimizer's own ``step() -> (update_successful, grad_norm, num_zeros_in_grad)`` and ``get_loss_scale()``.
+- CPU (development and CI): the same GPTModel with fp32 master weights under autocast, trained by
+  :class:`~verl.utils.amp_optimizer.AmpOptimizer`, which honours the same contract. megatron-core's optimizer, DDP
+  and schedules are CUDA-only and are not patched.
+
+Either way a failed update goes to the handler from ``update_failure_policy``, never to a ``NotImplementedError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from verl.models.mcore import build_attention_mask, forward_logits
+from verl.protocol import DataProto
+from verl.utils.torch_functional import compute_response_log_probs
+from verl.workers.actor.base import BasePPOActor
+
+
+class MegatronPPOActor(BasePPOActor):
+    """PPO actor over a megatron-core GPTModel.
+
+    Args:
+        config: the ``actor_rollout_ref.actor`` config.
+        model: the GPTModel (wrapped in megatron-core DDP on the GPU path).
+        optimizer: megatron-core's optimizer (GPU path) or an AmpOptimizer (CPU path).
+        lr_scheduler: LR schedule over the optimizer's param groups.
+        rank: data-parallel rank.
+        use_megatron_schedule: True on the GPU path (megatron-core optimizer, DDP and micro-batch schedule).
+        role: "actor" or "critic".
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        model: torch.nn.Module,
+        optimizer: Any,
+        lr_scheduler: Any = None,
+        rank: int = 0,
+        use_megatron_schedule: bool = False,
+        role: str = "actor",
+    ):
+        self.model = model
+        self.use_megatron_schedule = use_megatron_schedule
+        super().__init__(config, optimizer, lr_scheduler, rank=rank, role=role)
+
+    def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        return forward_logits(self.model, input_ids, attention_mask, position_ids)
+
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def _autocast(self):
+        # On the GPU path the parameters already are fp16/bf16 (megatron keeps fp32 main copies in the optimizer).
+        return contextlib.nullcontext() if self.use_megatron_schedule else super()._autocast()
+
+    def _current_loss_scale(self) -> float | None:
+        if self.dtype != torch.float16:
+            return None  # megatron-core reports a constant 1.0 without dynamic scaling
+        return float(self.optimizer.get_loss_scale())
+
+    def _min_loss_scale(self) -> float | None:
+        if not self.use_megatron_schedule:
+            return super()._min_loss_scale()
+        scaler = getattr(self.optimizer, "grad_scaler", None)
+        floor = getattr(scaler, "min_scale", None)
+        return None if floor is None else float(floor)
+
+    def _backward_mini_batch(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
+        if not self.use_megatron_schedule:
+            return super()._backward_mini_batch(mini, temperature)
+        return self._backward_with_megatron_schedule(mini, temperature)
+
+    def _backward_with_megatron_schedule(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
+        """Forward/backward every micro-batch through megatron-core's schedule (pipeline-aware)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        micro_batches = list(mini.split(self.micro_batch_size))
+        all_metrics: list[dict[str, float]] = []
+        response_length = mini.batch["responses"].shape[-1]
+
+        def forward_step(data_iterator, model):
+            micro = next(data_iterator)
+            batch = micro.batch
+            output = model(
+                input_ids=batch["input_ids"],
+                position_ids=batch["position_ids"],
+                attention_mask=build_attention_mask(batch["attention_mask"]),
+            )
+
+            def loss_func(logits):
+                log_prob, entropy = compute_response_log_probs(
+                    logits.float(),
+                    batch["input_ids"],
+                    response_length,
+                    temperature,
+                    calculate_entropy=float(self.config.get("entropy_coeff", 0.0)) != 0,
+                )
+                loss, metrics = self._loss_from_log_probs(micro, log_prob, entropy)
+                all_metrics.append(metrics)
+                # The schedule divides by the number of micro-batches; undo that and weight by the micro-batch's
+                # share instead, as the CPU path does.
+                return loss * self._micro_batch_weight(micro, mini) * len(micro_batches), {}
+
+            return output, loss_func
+
+        seq_length = mini.batch["input_ids"].shape[-1]
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[self.model],
+            num_microbatches=len(micro_batches),
+            seq_length=seq_length,
+            micro_batch_size=self.micro_batch_size,
+            forward_only=False,
+        )
+        return all_metrics
+
+    def model_module(self) -> torch.nn.Module:
+        return self.model.module if hasattr(self.model, "module") else self.model
