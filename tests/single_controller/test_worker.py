@@ -44,6 +44,8 @@ def test_multi_rank_world_needs_master_port(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("MASTER_PORT", raising=False)
+    # other tests in this process may have joined a world of one already; this check must still run
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     with pytest.raises(ValueError, match="MASTER_PORT"):
         Worker().init_torch_distributed(backend="gloo")
 

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.utils.config import cfg_get
+
 
 @dataclass
 class LossScaleConfig:
@@ -209,7 +211,10 @@ class AmpOptimizer:
 
 def loss_scale_config_from(optim_config: Any) -> LossScaleConfig:
     """The fp16 loss-scale settings of an ``optim`` config section (missing keys take megatron-core's defaults)."""
-    get = optim_config.get if hasattr(optim_config, "get") else lambda k, d=None: getattr(optim_config, k, d)
+
+    def get(key, default=None):
+        return cfg_get(optim_config, key, default)
+
     defaults = LossScaleConfig()
     return LossScaleConfig(
         initial_loss_scale=float(get("initial_loss_scale", None) or defaults.initial_loss_scale),
@@ -229,7 +234,9 @@ def build_amp_optimizer(
     """
     from verl.utils.torch_functional import build_lr_scheduler
 
-    get = optim_config.get if hasattr(optim_config, "get") else lambda k, d=None: getattr(optim_config, k, d)
+    def get(key, default=None):
+        return cfg_get(optim_config, key, default)
+
     lr = float(get("lr", 1e-6))
     if not lr > 0:
         raise ValueError(f"optim.lr must be > 0, got {lr}.")

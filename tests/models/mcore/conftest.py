@@ -19,11 +19,17 @@ TINY = {
 }
 
 
-@pytest.fixture(scope="session", autouse=True)
-def mcore_parallel() -> None:
-    """megatron's groups over a world of one process (gloo on a free port); idempotent across test modules."""
+@pytest.fixture(scope="package", autouse=True)
+def mcore_parallel():
+    """megatron's groups over a world of one process (gloo on a free port), torn down after these tests."""
+    from megatron.core import parallel_state
+
     ensure_model_parallel_initialized(tp=1, pp=1)
     assert torch.distributed.get_world_size() >= 1
+    yield
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _tiny_config(arch: str, tie: bool = False, **kwargs: object) -> Qwen2Config | LlamaConfig:

@@ -15,18 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.utils.config import cfg_get as _get
 from verl.utils.registry import Registry
 from verl.utils.torch_functional import masked_mean, masked_whiten
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-def _get(config: Any, key: str, default: Any = None) -> Any:
-    if config is None:
-        return default
-    if hasattr(config, "get"):
-        return config.get(key, default)
-    return getattr(config, key, default)
 
 
 # ---------------------------------------------------------------------------------------------- aggregation, KL

@@ -24,6 +24,7 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.checkpoint import load_state, load_weights, save_state, save_weights
+from verl.utils.config import cfg_get as _cfg
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.update_outcome import UpdateOutcome, build_update_outcome_handler
@@ -49,10 +50,6 @@ def resolve_dtype(name: str, key: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"{key}={name!r} is not supported; use one of {sorted(DTYPES)}.")
     return DTYPES[name]
-
-
-def _cfg(config: Any, key: str, default: Any = None) -> Any:
-    return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
 
 
 def _tied_aliases(weights: dict[str, torch.Tensor]) -> set[str]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from verl.utils.config import cfg_get
+
 logger = logging.getLogger(__name__)
 
 
@@ -60,8 +62,12 @@ class FaultInjector:
     def from_config(cls, config: Any, rank: int, config_prefix: str) -> FaultInjector:
         if config is None:
             return cls(rank=rank, config_prefix=config_prefix)
-        get = config.get if hasattr(config, "get") else lambda k, d=None: getattr(config, k, d)
-        return cls(get("nonfinite_grad_steps", ()), get("ranks", None), rank=rank, config_prefix=config_prefix)
+        return cls(
+            cfg_get(config, "nonfinite_grad_steps", ()),
+            cfg_get(config, "ranks", None),
+            rank=rank,
+            config_prefix=config_prefix,
+        )
 
     def applies_to(self, step: int) -> bool:
         return step in self.steps and (self.ranks is None or self.rank in self.ranks)

@@ -1,0 +1,123 @@
+"""End-to-end runs of ``python -m verl.trainer.main_ppo`` on the embedded task, each a few steps long."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = [
+    "data.train_batch_size=4",
+    "data.num_val_examples=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.n=2",
+    "critic.ppo_mini_batch_size=4",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+    "trainer.test_freq=2",
+    "trainer.progress_bar=false",
+    "trainer.plot=false",
+    "ray_init.num_cpus=2",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def run_main(tmp_path: Path, *overrides: str, name: str = "run") -> tuple[subprocess.CompletedProcess, Path]:
+    out_dir = tmp_path / name
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *SMALL, f"trainer.default_local_dir={out_dir}", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    return proc, out_dir
+
+
+def metrics_of(out_dir: Path) -> list[dict]:
+    with open(out_dir / "metrics.jsonl") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def train_records(out_dir: Path) -> list[dict]:
+    return [r for r in metrics_of(out_dir) if "critic/score/mean" in r]
+
+
+def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
+    proc, out_dir = run_main(tmp_path, "trainer.total_training_steps=3", "trainer.plot=true")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = train_records(out_dir)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # fp16 from loss scale 2**32: the first update overflows and is skipped, and the policy counts it
+    assert records[0]["actor/update_failed"] == 1.0
+    assert records[0]["actor/loss_scale"] == 2.0**32
+    assert records[-1]["actor/update_failures_total"] >= 1
+    assert any("val/score/mean" in r for r in metrics_of(out_dir))
+    assert (out_dir / "training_curves.png").stat().st_size > 0
+
+
+def test_megatron_fp16_run(tmp_path):
+    proc, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", "actor_rollout_ref.actor.strategy=megatron")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = train_records(out_dir)
+    assert len(records) == 2 and records[0]["actor/update_failed"] == 1.0
+    assert "CPU path" in proc.stderr + proc.stdout
+
+
+def test_resume_continues_from_the_saved_step_with_the_same_data(tmp_path):
+    straight, straight_dir = run_main(tmp_path, "trainer.total_training_steps=4", "trainer.test_freq=-1", name="a")
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    first, resumed_dir = run_main(
+        tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=-1", name="b"
+    )
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert (resumed_dir / "global_step_2" / "actor" / "model.safetensors").exists()
+    second, _ = run_main(tmp_path, "trainer.total_training_steps=4", "trainer.test_freq=-1", name="b")
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stderr
+    resumed = train_records(resumed_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    # the same prompts at every step, before and after the resume
+    fingerprints = [r["data/batch_fingerprint"] for r in train_records(straight_dir)]
+    assert [r["data/batch_fingerprint"] for r in resumed] == fingerprints
+    # the handler's counters carried over: the total never drops across the resume
+    totals = [r["actor/update_failures_total"] for r in resumed]
+    assert totals == sorted(totals)
+
+
+def test_fire_drill_under_strict_exits_nonzero_with_the_message(tmp_path):
+    proc, _ = run_main(
+        tmp_path,
+        "trainer.total_training_steps=4",
+        "actor_rollout_ref.actor.dtype=float32",
+        "actor_rollout_ref.actor.update_failure_policy=strict",
+        "actor_rollout_ref.actor.fault_injection.nonfinite_grad_steps=[2]",
+    )
+    assert proc.returncode == 1
+    assert "actor update failed at step 2: non-finite gradient norm" in proc.stderr
+    assert proc.stderr.count("Training stopped by the update-failure policy") == 1
+    assert "Last good checkpoint: none" in proc.stderr
+
+
+def test_fire_drill_under_fp16_policy_stops_at_its_limit(tmp_path):
+    # fp32 (no loss scaler: nothing is absorbed), limit 2: steps 2 and 3 are skipped, step 4 is the 3rd consecutive
+    # failure and stops the run.
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=6",
+        "trainer.test_freq=-1",
+        "actor_rollout_ref.actor.dtype=float32",
+        "actor_rollout_ref.actor.update_failure_policy={name: fp16_warn_and_count, max_consecutive_failures: 2}",
+        "actor_rollout_ref.actor.fault_injection.nonfinite_grad_steps=[2,3,4,5]",
+    )
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "actor update failed at step 4" in proc.stderr
+    assert "max_consecutive_failures=2" in proc.stderr
+    assert [r["actor/update_failed"] for r in train_records(out_dir)] == [0.0, 1.0, 1.0]
+
+
+def test_bad_config_fails_before_ray_starts(tmp_path):
+    proc, _ = run_main(tmp_path, "actor_rollout_ref.actor.update_failure_policy=strikt")
+    assert proc.returncode == 2
+    assert "unknown update-outcome handler 'strikt'" in proc.stderr
+    assert "Started a local Ray instance" not in proc.stderr + proc.stdout

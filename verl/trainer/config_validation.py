@@ -1,0 +1,146 @@
+"""Start-up checks of the trainer config, run in the driver before Ray starts.
+
+Every value is checked against the type of its default in ``ppo_trainer.yaml`` (keys that accept several kinds of
+value are listed in ``UNION_KEYS``), then the combinations that would only fail later — batch sizes that do not
+split, a rollout that does not fit the backend, an update-failure policy that does not build — are checked here,
+with messages that name the key and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from verl.workers.update_outcome import build_update_outcome_handler
+
+# Keys whose values may legitimately differ in kind from their default (name or mapping, auto or bool, null...).
+UNION_KEYS = {
+    "actor_rollout_ref.actor.update_failure_policy",
+    "critic.update_failure_policy",
+    "actor_rollout_ref.actor.megatron.use_megatron_optimizer",
+    "critic.megatron.use_megatron_optimizer",
+    "actor_rollout_ref.ref.enable",
+    "critic.enable",
+}
+STRATEGIES = ("dp", "megatron")
+DTYPES = ("float16", "bfloat16", "float32")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+def _kind_ok(default: Any, value: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, list):
+        return isinstance(value, list)
+    return True
+
+
+def check_types(config: DictConfig, defaults: DictConfig) -> None:
+    """Every leaf of ``config`` must have the kind of value its default has."""
+    plain = OmegaConf.to_container(config, resolve=True)
+    base = OmegaConf.to_container(defaults, resolve=True)
+
+    def walk(value: Any, default: Any, path: str) -> None:
+        if path in UNION_KEYS:
+            return
+        if isinstance(default, dict) and isinstance(value, dict):
+            for key, sub in value.items():
+                walk(sub, default.get(key), f"{path}.{key}" if path else key)
+            return
+        if isinstance(default, dict) and value is not None:
+            raise ValueError(f"{path} must be a mapping (its keys: {sorted(default)}), got {value!r}.")
+        if not _kind_ok(default, value):
+            kind = type(default).__name__
+            raise ValueError(f"{path}={value!r} has the wrong type: expected {kind} (default {default!r}).")
+
+    walk(plain, base, "")
+
+
+def _one_of(value: Any, accepted, key: str) -> None:
+    if value not in accepted:
+        raise ValueError(f"{key}={value!r} is not supported; use one of {list(accepted)}.")
+
+
+def _positive(value: int, key: str) -> None:
+    if value is None or value < 1:
+        raise ValueError(f"{key} must be an integer >= 1, got {value!r}.")
+
+
+def check_batch_sizes(cfg: DictConfig) -> None:
+    world = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
+    _positive(world, "trainer.n_gpus_per_node x trainer.nnodes")
+    n = int(cfg.actor_rollout_ref.rollout.n)
+    _positive(n, "actor_rollout_ref.rollout.n")
+    train_bs = int(cfg.data.train_batch_size)
+    _positive(train_bs, "data.train_batch_size")
+    for section, key in ((cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor"), (cfg.critic, "critic")):
+        mini = int(section.ppo_mini_batch_size)
+        micro = int(section.ppo_micro_batch_size_per_gpu)
+        _positive(mini, f"{key}.ppo_mini_batch_size")
+        _positive(micro, f"{key}.ppo_micro_batch_size_per_gpu")
+        if train_bs % mini:
+            raise ValueError(
+                f"data.train_batch_size={train_bs} is not a multiple of {key}.ppo_mini_batch_size={mini}; each "
+                f"training batch must split into whole mini-batches."
+            )
+        if (mini * n) % world or ((mini * n) // world) % micro:
+            raise ValueError(
+                f"{key}.ppo_mini_batch_size x rollout.n = {mini * n} samples over {world} rank(s) must give a "
+                f"multiple of {key}.ppo_micro_batch_size_per_gpu={micro} per rank; change one of them."
+            )
+
+
+def validate_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None:
+    """Raise ``ValueError`` naming the key and the fix for anything that would fail after start-up."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+    from verl.utils.tracking import LOGGERS
+    from verl.workers.rollout import ROLLOUT_REGISTRY
+
+    if defaults is not None:
+        check_types(cfg, defaults)
+    actor = cfg.actor_rollout_ref.actor
+    _one_of(actor.strategy, STRATEGIES, "actor_rollout_ref.actor.strategy")
+    _one_of(actor.dtype, DTYPES, "actor_rollout_ref.actor.dtype")
+    _one_of(cfg.critic.dtype, DTYPES, "critic.dtype")
+    if cfg.critic.strategy is not None:
+        _one_of(cfg.critic.strategy, STRATEGIES, "critic.strategy")
+    _one_of(cfg.actor_rollout_ref.rollout.name, ROLLOUT_REGISTRY.names(), "actor_rollout_ref.rollout.name")
+    if cfg.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
+        raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
+    _one_of(cfg.algorithm.adv_estimator, ADV_ESTIMATOR_REGISTRY.names(), "algorithm.adv_estimator")
+    _one_of(cfg.trainer.resume_mode, RESUME_MODES, "trainer.resume_mode")
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint directory>.")
+    _one_of(cfg.trainer.device, ("cpu", "cuda", "auto"), "trainer.device")
+    logger_list = list(cfg.trainer.logger) if isinstance(cfg.trainer.logger, ListConfig | list) else None
+    if logger_list is None or any(name not in LOGGERS for name in logger_list):
+        raise ValueError(f"trainer.logger={cfg.trainer.logger!r}: use a list of {list(LOGGERS)}.")
+    if cfg.trainer.total_training_steps is not None:
+        _positive(int(cfg.trainer.total_training_steps), "trainer.total_training_steps")
+    _positive(int(cfg.trainer.total_epochs), "trainer.total_epochs")
+    for parallel in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        _positive(int(actor.megatron[parallel]), f"actor_rollout_ref.actor.megatron.{parallel}")
+    if cfg.data.max_prompt_length < 1 or cfg.data.max_response_length < 1:
+        raise ValueError("data.max_prompt_length and data.max_response_length must be >= 1.")
+    check_batch_sizes(cfg)
+    # Build each policy once here so that a typo fails now, not inside a Ray worker minutes later.
+    build_update_outcome_handler(actor.update_failure_policy, dtype=actor.dtype, role="actor")
+    build_update_outcome_handler(cfg.critic.update_failure_policy, dtype=cfg.critic.dtype, role="critic")
+    if needs_critic(cfg) is False and cfg.algorithm.adv_estimator == "gae":
+        raise ValueError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true (or auto).")
+
+
+def needs_critic(cfg: DictConfig) -> bool:
+    enable = cfg.critic.enable
+    if enable == "auto":
+        return cfg.algorithm.adv_estimator == "gae"
+    return bool(enable)

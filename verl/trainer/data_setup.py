@@ -1,0 +1,113 @@
+"""The driver's data side: prompt loaders, validation batches and the reward function, from the config.
+
+``data.train_files: null`` means the embedded task, generated from ``data.seed`` (no files, no download); files are
+parquet or JSONL with ``prompt``, ``ground_truth`` and ``data_source`` columns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from verl.protocol import DataProto
+
+logger = logging.getLogger("verl.trainer")
+_TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def collated_to_dataproto(collated: dict[str, Any]) -> DataProto:
+    """A collated prompt batch (tensors + object arrays) as a DataProto."""
+    tensors = {k: collated[k] for k in _TENSOR_KEYS}
+    non_tensors = {k: v for k, v in collated.items() if k not in _TENSOR_KEYS}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+
+class PromptBatches(Iterator[DataProto]):
+    """Endless prompt batches as DataProto, with the loader's resumable position."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __next__(self) -> DataProto:
+        return collated_to_dataproto(self.loader.next_batch())
+
+    def state_dict(self) -> dict[str, int]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loader.load_state_dict(state)
+
+
+@dataclass
+class TrainingData:
+    train_loader: PromptBatches
+    val_batches: list[DataProto]
+    reward_fn: Any
+    num_train_prompts: int
+
+
+def _datasets(config: DictConfig):
+    from verl.utils.dataset import RLHFDataset, make_tiny_task_dataset
+
+    data = config.data
+    if data.train_files is None:
+        train = make_tiny_task_dataset(int(data.num_train_examples), seed=int(data.seed))
+    else:
+        train = RLHFDataset(list(data.train_files) if not isinstance(data.train_files, str) else data.train_files)
+    if data.val_files is None and data.train_files is None:
+        # a different seed: held-out prompts of the same task
+        val = make_tiny_task_dataset(int(data.num_val_examples), seed=int(data.seed) + 1_000_003)
+    elif data.val_files is None:
+        val = None
+    else:
+        val = RLHFDataset(list(data.val_files) if not isinstance(data.val_files, str) else data.val_files)
+    return train, val
+
+
+def build_reward_fn(config: DictConfig, tokenizer):
+    from verl.workers.reward_manager import get_reward_manager_cls, load_custom_score_fn
+
+    manager_cls = get_reward_manager_cls(config.reward_model.reward_manager)
+    spec = config.reward_model.custom_score_fn
+    return manager_cls(tokenizer=tokenizer, compute_score=load_custom_score_fn(spec) if spec else None)
+
+
+def build_data(config: DictConfig, world_size: int) -> TrainingData:
+    """Everything data-shaped the trainer needs; every problem is a ``ValueError`` raised before Ray starts."""
+    from verl.models.loading import load_tokenizer
+    from verl.utils.dataset import PromptCollator, StatefulPromptLoader
+
+    model_cfg = config.actor_rollout_ref.model
+    tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
+    collate = PromptCollator(tokenizer, int(config.data.max_prompt_length), truncation=config.data.truncation)
+    train, val = _datasets(config)
+    if int(config.data.train_batch_size) % world_size:
+        raise ValueError(
+            f"data.train_batch_size={config.data.train_batch_size} must be a multiple of the {world_size} "
+            f"data-parallel workers (trainer.n_gpus_per_node x trainer.nnodes)."
+        )
+    loader = StatefulPromptLoader(
+        train,
+        int(config.data.train_batch_size),
+        seed=int(config.data.seed),
+        shuffle=bool(config.data.shuffle),
+        collate_fn=collate,
+    )
+    val_batches: list[DataProto] = []
+    if val is not None and len(val):
+        num_val = len(val) - len(val) % world_size  # every validation batch must split evenly over the workers
+        if num_val < len(val):
+            logger.info("using %d of %d validation prompts (a multiple of %d workers)", num_val, len(val), world_size)
+        size = int(config.data.val_batch_size or num_val)
+        size -= size % world_size
+        if size < 1:
+            raise ValueError(f"data.val_batch_size must be at least the {world_size} workers.")
+        rows = [val[i] for i in range(num_val)]
+        val_batches = [collated_to_dataproto(collate(rows[i : i + size])) for i in range(0, num_val - size + 1, size)]
+    # validate the first batch now: a prompt too long for max_prompt_length fails here, not in a worker
+    collate([train[i] for i in range(min(len(train), int(config.data.train_batch_size)))])
+    return TrainingData(PromptBatches(loader), val_batches, build_reward_fn(config, tokenizer), len(train))

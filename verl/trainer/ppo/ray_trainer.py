@@ -1,0 +1,262 @@
+"""RayPPOTrainer: the driver's loop — rollout, log-probs, reward, advantages, updates, metrics, checkpoints.
+
+One obvious loop (:meth:`RayPPOTrainer.fit`); each step is :meth:`RayPPOTrainer.train_step`. The driver holds no
+model: worker groups do the heavy work and DataProto carries the batch between them. Checkpoints are written as
+``global_step_N`` directories, atomically, with the actor (and critic) state and the data position.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+import zlib
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.utils.checkpoint import atomic_directory, find_latest_checkpoint, load_state, save_state, step_of_checkpoint
+from verl.utils.tracking import Tracking
+
+logger = logging.getLogger("verl.trainer")
+
+
+def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over the ranks that reported it."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for metrics in per_rank:
+        for key, value in metrics.items():
+            values[key].append(float(value))
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
+class RayPPOTrainer:
+    """The PPO/GRPO training loop.
+
+    Args:
+        config: the whole trainer config.
+        train_loader: yields prompt batches (DataProto) forever, with ``state_dict``/``load_state_dict``.
+        val_batches: validation prompt batches (DataProto), or an empty list.
+        reward_fn: DataProto -> token-level scores (B, R).
+        actor_wg: the ActorRolloutRef worker group.
+        critic_wg: the critic worker group, or None.
+        tracker: the metric sinks.
+        total_training_steps: how many steps :meth:`fit` runs.
+    """
+
+    def __init__(
+        self,
+        config: DictConfig,
+        train_loader,
+        val_batches: list[DataProto],
+        reward_fn,
+        actor_wg,
+        critic_wg,
+        tracker: Tracking,
+        total_training_steps: int,
+    ):
+        self.config = config
+        self.train_loader = train_loader
+        self.val_batches = val_batches
+        self.reward_fn = reward_fn
+        self.actor_wg = actor_wg
+        self.critic_wg = critic_wg
+        self.tracker = tracker
+        self.total_training_steps = total_training_steps
+        self.global_step = 0
+        self.last_checkpoint: Path | None = None
+        self.use_ref = self._ref_enabled()
+
+    def _ref_enabled(self) -> bool:
+        enable = self.config.actor_rollout_ref.ref.enable
+        return bool(self.config.actor_rollout_ref.actor.use_kl_loss) if enable == "auto" else bool(enable)
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> dict[str, float]:
+        """Train for ``total_training_steps`` steps (from the resumed step, if any); returns the last metrics."""
+        self.maybe_resume()
+        trainer_cfg = self.config.trainer
+        last: dict[str, float] = {}
+        if trainer_cfg.val_before_train and trainer_cfg.test_freq > 0 and self.val_batches and self.global_step == 0:
+            last = self.validate()
+            self.tracker.log(last, step=0)
+        progress = tqdm(
+            total=self.total_training_steps,
+            initial=self.global_step,
+            desc="training",
+            disable=not trainer_cfg.progress_bar,
+            dynamic_ncols=True,
+        )
+        while self.global_step < self.total_training_steps:
+            batch = next(self.train_loader)
+            metrics = self.train_step(batch)
+            self.global_step += 1
+            is_last = self.global_step == self.total_training_steps
+            if (
+                trainer_cfg.test_freq > 0
+                and self.val_batches
+                and (self.global_step % trainer_cfg.test_freq == 0 or is_last)
+            ):
+                metrics.update(self.validate())
+            self.tracker.log(metrics, step=self.global_step)
+            if trainer_cfg.save_freq > 0 and (self.global_step % trainer_cfg.save_freq == 0 or is_last):
+                self.save_checkpoint()
+            progress.update(1)
+            progress.set_postfix(
+                reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}",
+                failed=int(metrics.get("actor/update_failures_total", 0)),
+            )
+            last = metrics
+        progress.close()
+        return last
+
+    @contextmanager
+    def _timed(self, timing: dict[str, float], name: str):
+        start = time.perf_counter()
+        yield
+        timing[name] = time.perf_counter() - start
+
+    def train_step(self, prompts: DataProto) -> dict[str, float]:
+        """One RL step on a batch of prompts; returns its metrics."""
+        cfg = self.config
+        timing: dict[str, float] = {}
+        step_start = time.perf_counter()
+        prompt_texts = prompts.non_tensor_batch.get("raw_prompt", [])
+        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        with self._timed(timing, "gen"):
+            batch = self.actor_wg.generate_sequences(prompts)
+        batch.meta_info["temperature"] = float(cfg.actor_rollout_ref.rollout.temperature)
+        with self._timed(timing, "old_log_prob"):
+            batch = batch.union(self.actor_wg.compute_log_prob(batch))
+        if self.use_ref:
+            with self._timed(timing, "ref"):
+                batch = batch.union(self.actor_wg.compute_ref_log_prob(batch))
+        if self.critic_wg is not None:
+            with self._timed(timing, "values"):
+                batch = batch.union(self.critic_wg.compute_values(batch))
+        with self._timed(timing, "reward"):
+            scores = self.reward_fn(batch)
+            batch.batch["token_level_scores"] = scores
+            batch.batch["token_level_rewards"] = scores
+        with self._timed(timing, "adv"):
+            self.compute_advantage(batch)
+        metrics: dict[str, float] = {}
+        if self.critic_wg is not None:
+            with self._timed(timing, "update_critic"):
+                metrics.update(mean_over_ranks(self.critic_wg.update_critic(batch)))
+        if self.global_step >= int(cfg.critic.warmup_steps) or self.critic_wg is None:
+            with self._timed(timing, "update_actor"):
+                metrics.update(mean_over_ranks(self.actor_wg.update_actor(batch)))
+        timing["step"] = time.perf_counter() - step_start
+        metrics.update(self.batch_metrics(batch, timing))
+        metrics["data/batch_fingerprint"] = float(zlib.crc32("\n".join(map(str, prompt_texts)).encode()))
+        return metrics
+
+    def compute_advantage(self, batch: DataProto) -> None:
+        algo = self.config.algorithm
+        estimator = get_adv_estimator_fn(algo.adv_estimator)
+        tensors = batch.batch
+        advantages, returns = estimator(
+            token_level_rewards=tensors["token_level_rewards"],
+            values=tensors["values"] if "values" in tensors.keys() else None,
+            response_mask=tensors["response_mask"],
+            index=batch.non_tensor_batch["uid"],
+            gamma=float(algo.gamma),
+            lam=float(algo.lam),
+            norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
+        )
+        tensors["advantages"] = advantages.float()
+        tensors["returns"] = returns.float()
+
+    @staticmethod
+    def batch_metrics(batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
+        tensors = batch.batch
+        scores = tensors["token_level_scores"].sum(-1)
+        response_length = tensors["response_mask"].sum(-1).float()
+        num_tokens = float(tensors["attention_mask"].sum())
+        metrics = {
+            "critic/score/mean": scores.mean().item(),
+            "critic/score/max": scores.max().item(),
+            "critic/score/min": scores.min().item(),
+            "critic/advantages/mean": tensors["advantages"].mean().item(),
+            "response_length/mean": response_length.mean().item(),
+            "perf/num_tokens": num_tokens,
+            "perf/tokens_per_second": num_tokens / max(timing["step"], 1e-9),
+        }
+        metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+        for phase in ("gen", "old_log_prob", "ref", "update_actor"):
+            if phase in timing:
+                metrics[f"perf/tokens_per_second/{phase}"] = num_tokens / max(timing[phase], 1e-9)
+        return metrics
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (by default) responses to the validation prompts, scored; returns ``val/score/mean``."""
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        scores = []
+        for prompts in self.val_batches:
+            prompts = DataProto.from_dict(
+                tensors=dict(prompts.batch.items()),
+                non_tensors=dict(prompts.non_tensor_batch),
+                meta_info={
+                    "n": int(val_kwargs.n),
+                    "do_sample": bool(val_kwargs.do_sample),
+                    "temperature": float(val_kwargs.temperature),
+                },
+            )
+            output = self.actor_wg.generate_sequences(prompts)
+            scores.append(self.reward_fn(output).sum(-1))
+        all_scores = torch.cat(scores)
+        return {"val/score/mean": all_scores.mean().item()}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_root(self) -> Path:
+        return Path(self.config.trainer.default_local_dir)
+
+    def save_checkpoint(self) -> Path:
+        """Write ``global_step_N`` atomically: a crash mid-save leaves the previous checkpoint intact."""
+        final = self.checkpoint_root() / f"global_step_{self.global_step}"
+        with atomic_directory(final) as tmp:
+            self.actor_wg.save_checkpoint(str(tmp / "actor"))
+            if self.critic_wg is not None:
+                self.critic_wg.save_checkpoint(str(tmp / "critic"))
+            save_state(
+                tmp / "trainer_state.pt",
+                {"global_step": self.global_step, "data_loader": self.train_loader.state_dict()},
+            )
+        self.last_checkpoint = final
+        logger.info("saved checkpoint %s", final)
+        return final
+
+    def maybe_resume(self) -> None:
+        mode = self.config.trainer.resume_mode
+        if mode == "disable":
+            return
+        if mode == "resume_path":
+            path = Path(self.config.trainer.resume_from_path)
+            if not path.is_dir():
+                raise ValueError(f"trainer.resume_from_path={path} is not a checkpoint directory.")
+        else:
+            path = find_latest_checkpoint(self.checkpoint_root())
+            if path is None:
+                return
+        step_of_checkpoint(path)  # validates the name
+        state: dict[str, Any] = load_state(path / "trainer_state.pt")
+        self.actor_wg.load_checkpoint(str(path / "actor"))
+        if self.critic_wg is not None:
+            self.critic_wg.load_checkpoint(str(path / "critic"))
+        self.train_loader.load_state_dict(state["data_loader"])
+        self.global_step = int(state["global_step"])
+        self.last_checkpoint = path
+        logger.info("resumed from %s at step %d", path, self.global_step)

@@ -1,0 +1,153 @@
+"""The PPO critic: a value model trained under the actor's loop and the very same optimizer-step contract.
+
+:class:`BasePPOCritic` is a :class:`~verl.workers.actor.base.BasePPOActor` whose loss is the clipped value loss
+instead of the policy loss. Everything else is inherited unchanged: the mini-/micro-batch loop, the gradient
+accumulation weights, ``_optimizer_step`` -> :class:`~verl.workers.update_outcome.UpdateOutcome` (``role="critic"``)
+-> the handler built from ``critic.update_failure_policy`` (``auto`` follows ``critic.dtype``), the fire drill under
+``critic.fault_injection``, the LR-schedule rule and the checkpoint with handler and loss-scaler state. A failed
+critic update is therefore judged by exactly the code that judges a failed actor update. A backend only says how
+to run its value model forward (:meth:`BasePPOCritic._forward_values`).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils.config import cfg_get as _cfg
+from verl.utils.torch_functional import masked_mean
+from verl.workers.actor.base import BasePPOActor
+
+CRITIC_UPDATE_KEYS = [
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "values",
+    "returns",
+]
+_VALUE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+
+
+def response_values(values: torch.Tensor, response_length: int) -> torch.Tensor:
+    """The values of the response positions, aligned like the log-probs.
+
+    The value at sequence position ``P + t - 1`` (the last token before response token ``t``) estimates the state
+    in which token ``t`` is chosen, exactly where the log-prob of token ``t`` is read from the logits.
+
+    Args:
+        values: (B, S) per-position values of the whole sequence.
+        response_length: R, the number of response positions at the end of the sequence.
+
+    Returns:
+        (B, R) float32 values.
+    """
+    seq_len = values.shape[-1]
+    return values[:, seq_len - response_length - 1 : seq_len - 1].float()
+
+
+class BasePPOCritic(BasePPOActor):
+    """The critic loop shared by every backend (role ``"critic"``).
+
+    Args:
+        config: the ``critic`` config (per-rank ``ppo_mini_batch_size`` already normalised by the worker:
+            samples per rank, not prompts).
+        optimizer: an optimizer with megatron-core's ``step()`` contract (see :class:`BasePPOActor`).
+        lr_scheduler: stepped once per training step in which at least one critic update succeeded.
+        rank: data-parallel rank (fire drill, logging).
+    """
+
+    def __init__(self, config: Any, optimizer: Any, lr_scheduler: Any = None, rank: int = 0):
+        super().__init__(config, optimizer, lr_scheduler, rank=rank, role="critic")
+        self.cliprange_value = float(_cfg(config, "cliprange_value", 0.5))
+        if not self.cliprange_value > 0:
+            raise ValueError(f"critic.cliprange_value must be > 0, got {self.cliprange_value}.")
+
+    # ------------------------------------------------------------------ what a backend provides
+
+    @abstractmethod
+    def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Per-position values (B, S) of the whole sequence."""
+
+    def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        raise TypeError("a critic has no logits; use compute_values() instead of compute_log_prob().")
+
+    # ------------------------------------------------------------------ values
+
+    def _forward_response_values(self, micro: DataProto) -> torch.Tensor:
+        """(B, R) float32 values of the response positions of one micro-batch (with gradients)."""
+        batch = micro.batch
+        with self._autocast():
+            values = self._forward_values(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        return response_values(values, batch["responses"].shape[-1])
+
+    @torch.no_grad()
+    def compute_values(self, data: DataProto) -> torch.Tensor:
+        """Values of the response positions, zero where ``response_mask`` is 0 (when the batch has one).
+
+        Args:
+            data: rows with ``input_ids``, ``attention_mask``, ``position_ids`` (B, P+R), ``responses`` (B, R)
+                and optionally ``response_mask`` (B, R).
+
+        Returns:
+            (B, R) float32 values; micro-batched by ``critic.forward_micro_batch_size_per_gpu``.
+        """
+        micro_size = int(_cfg(self.config, "forward_micro_batch_size_per_gpu", None) or self.micro_batch_size)
+        has_mask = "response_mask" in data.batch.keys()
+        keys = _VALUE_KEYS + (["response_mask"] if has_mask else [])
+        chunks = []
+        for micro in data.select(batch_keys=keys).split(micro_size):
+            values = self._forward_response_values(micro)
+            if has_mask:
+                values = values * micro.batch["response_mask"].to(values.dtype)
+            chunks.append(values)
+        return torch.cat(chunks)
+
+    # ------------------------------------------------------------------ the update
+
+    def _micro_batch_loss(self, micro: DataProto, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped value loss of one micro-batch, and its ``critic/...`` metrics (temperature is unused)."""
+        vpreds = self._forward_response_values(micro)
+        return self._loss_from_values(micro, vpreds)
+
+    def _loss_from_values(self, micro: DataProto, vpreds: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Value loss from the predicted response values ``vpreds`` (B, R) against ``returns`` (B, R)."""
+        batch = micro.batch
+        mask = batch["response_mask"]
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds,
+            batch["returns"],
+            batch["values"],
+            mask,
+            cliprange_value=self.cliprange_value,
+            loss_agg_mode=_cfg(self.config, "loss_agg_mode", "token-mean"),
+        )
+        metrics = {
+            "critic/vf_loss": vf_loss.item(),
+            "critic/vf_clipfrac": float(vf_clipfrac),
+            "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item(),
+        }
+        return vf_loss, metrics
+
+    def _update_batch_keys(self) -> list[str]:
+        return list(CRITIC_UPDATE_KEYS)
+
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        """Train the value model on ``data`` (rows of this rank); returns the step's ``critic/...`` metrics.
+
+        Args:
+            data: rows with :data:`CRITIC_UPDATE_KEYS`: the sequence tensors (B, P+R), ``responses``,
+                ``response_mask``, the old ``values`` and the ``returns`` (B, R).
+
+        Returns:
+            Metrics reduced over the step's updates (value loss, clip fraction, handler counters, grad norm, lr).
+
+        Raises:
+            UpdateFailedError: when the critic's update-failure policy stops the run.
+        """
+        return self.update_policy(data)

@@ -1,0 +1,163 @@
+"""The ``dp`` backend's critic: a Hugging Face decoder backbone with a one-wide value head, in plain PyTorch.
+
+:class:`ValueModel` keeps the causal LM's transformer (``model.model`` of a ``*ForCausalLM``; the LM head is
+dropped) and puts a ``Linear(hidden, 1)`` on its last hidden states, initialised small and seeded so that the first
+values are near zero and runs are reproducible. :class:`DataParallelPPOCritic` runs it under the shared critic loop;
+data parallelism is the optimizer's business, as for the actor. :func:`build_dp_critic` is what a worker calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from verl.utils.amp_optimizer import build_amp_optimizer
+from verl.utils.config import cfg_get
+from verl.workers.critic.base import BasePPOCritic
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HEAD_INIT_STD = 1e-3
+
+
+class ValueModel(torch.nn.Module):
+    """A decoder backbone plus a scalar value head.
+
+    Args:
+        backbone: a module called as ``backbone(input_ids=, attention_mask=, position_ids=)`` returning an object
+            with ``last_hidden_state`` (B, S, H) (a Hugging Face base model such as ``Qwen2Model``) or that tensor.
+        hidden_size: H.
+        head_init_std: standard deviation of the head's initial weight (0 gives all-zero initial values).
+        seed: seed of the head's initialisation (independent of the global RNG).
+    """
+
+    def __init__(
+        self, backbone: torch.nn.Module, hidden_size: int, *, head_init_std: float = DEFAULT_HEAD_INIT_STD, seed=1
+    ):
+        super().__init__()
+        if head_init_std < 0:
+            raise ValueError(f"head_init_std must be >= 0, got {head_init_std}.")
+        self.backbone = backbone
+        self.value_head = torch.nn.Linear(hidden_size, 1)
+        generator = torch.Generator().manual_seed(int(seed))
+        with torch.no_grad():
+            weight = torch.randn(self.value_head.weight.shape, generator=generator) * head_init_std
+            self.value_head.weight.copy_(weight)
+            self.value_head.bias.zero_()
+
+    @classmethod
+    def from_pretrained_lm(
+        cls,
+        path_or_model: str | torch.nn.Module | None,
+        *,
+        device: str | torch.device = "cpu",
+        head_init_std: float = DEFAULT_HEAD_INIT_STD,
+        seed: int = 1,
+    ) -> ValueModel:
+        """A value model on the backbone of a causal LM (a path, ``None``/"default" for the tiny model, or a module).
+
+        The LM head is discarded; the backbone keeps the LM's weights. Parameters are float32 (master weights;
+        fp16/bf16 run under autocast).
+
+        Raises:
+            ValueError: the module has no config with ``hidden_size``.
+        """
+        if isinstance(path_or_model, torch.nn.Module):
+            lm = path_or_model
+        else:
+            from verl.models.loading import load_hf_causal_lm
+
+            lm = load_hf_causal_lm(path_or_model, dtype=torch.float32, device=device)
+        hidden_size = getattr(getattr(lm, "config", None), "hidden_size", None)
+        if hidden_size is None:
+            raise ValueError(
+                f"{type(lm).__name__} has no config.hidden_size; pass a Hugging Face causal LM (e.g. "
+                "Qwen2ForCausalLM) or its path."
+            )
+        backbone = lm.base_model if isinstance(lm, PreTrainedModel) else getattr(lm, "model", lm)
+        model = cls(backbone, int(hidden_size), head_init_std=head_init_std, seed=seed)
+        return model.to(device=device, dtype=torch.float32)
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        """Per-position values.
+
+        Args:
+            input_ids, attention_mask, position_ids: (B, S) int64.
+
+        Returns:
+            (B, S) values (in the autocast dtype when autocast is on).
+        """
+        kwargs = {"use_cache": False} if isinstance(self.backbone, PreTrainedModel) else {}
+        output = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        hidden = getattr(output, "last_hidden_state", output)
+        return self.value_head(hidden).squeeze(-1)
+
+
+class DataParallelPPOCritic(BasePPOCritic):
+    """PPO critic over a ``torch.nn.Module`` that returns per-position values.
+
+    Args:
+        config: the ``critic`` config.
+        critic_module: called as ``module(input_ids=, attention_mask=, position_ids=)``, returning (B, S) or
+            (B, S, 1) values (a :class:`ValueModel`).
+        optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over the module's parameters.
+        lr_scheduler: its LR schedule.
+        rank: data-parallel rank.
+    """
+
+    def __init__(self, config: Any, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, rank: int = 0):
+        self.critic_module = critic_module
+        super().__init__(config, optimizer, lr_scheduler, rank=rank)
+
+    def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        values = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        return values.squeeze(-1) if values.dim() == 3 else values
+
+    def model_module(self) -> torch.nn.Module:
+        return self.critic_module
+
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.critic_module.parameters() if p.requires_grad]
+
+
+def build_dp_critic(
+    model_path_or_hf_model: str | torch.nn.Module | None,
+    critic_config: Any,
+    *,
+    total_training_steps: int,
+    rank: int = 0,
+    process_group: Any = None,
+    device: str | torch.device = "cpu",
+) -> DataParallelPPOCritic:
+    """A ready ``dp`` critic: value model, AdamW (+ fp16 loss scaling per ``critic.dtype``), LR schedule, handler.
+
+    Args:
+        model_path_or_hf_model: the LM whose backbone the value model starts from (a path, ``None``/"default", a
+            ``*ForCausalLM`` module, or an already built :class:`ValueModel`).
+        critic_config: the ``critic`` config, ``ppo_mini_batch_size`` in samples per rank.
+        total_training_steps: length of the LR schedule.
+        rank: data-parallel rank.
+        process_group: the data-parallel group gradients are averaged over (None: the default group, if any).
+        device: where the model lives.
+    """
+    from verl.workers.actor.base import resolve_dtype
+
+    dtype = resolve_dtype(cfg_get(critic_config, "dtype", "float32"), "critic.dtype")
+    if isinstance(model_path_or_hf_model, ValueModel):
+        module = model_path_or_hf_model.to(device)
+    else:
+        module = ValueModel.from_pretrained_lm(
+            model_path_or_hf_model, device=device, seed=int(cfg_get(critic_config, "seed", 1))
+        )
+    optimizer, scheduler = build_amp_optimizer(
+        module.parameters(),
+        cfg_get(critic_config, "optim"),
+        dtype=dtype,
+        total_training_steps=total_training_steps,
+        process_group=process_group,
+    )
+    logger.info("dp critic: float32 master weights, %s compute, on %s", dtype, device)
+    return DataParallelPPOCritic(critic_config, module, optimizer, scheduler, rank=rank)

@@ -1,0 +1,121 @@
+"""The ``naive`` reward manager: decode each response, score it with a rule, put the score on its last token.
+
+This is the outcome-reward shape GRPO and PPO use here: ``token_level_scores`` is zero everywhere except at the
+last valid response token of each sample (the eos when there is one), which holds the sample's scalar score. The
+scorer is the built-in ``data_source`` dispatch unless a custom function is given.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.utils.reward_score import default_compute_score
+from verl.workers.reward_manager.registry import register_reward_manager
+
+logger = logging.getLogger(__name__)
+
+
+def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Spread per-sample scores into a token-level tensor, at the last valid response token.
+
+    Args:
+        scores: (B,) float, one score per sample.
+        response_mask: (B, R) int/bool, 1 for response tokens (right-padded).
+
+    Returns:
+        (B, R) float32, zero except ``[i, last_valid_i] = scores[i]``; a sample with no valid token gets its
+        score at position 0 so that no reward is silently dropped.
+    """
+    assert scores.dim() == 1 and response_mask.dim() == 2 and scores.shape[0] == response_mask.shape[0]
+    num_valid = response_mask.long().sum(dim=-1)
+    last = (num_valid - 1).clamp(min=0)
+    token_level = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+    token_level[torch.arange(scores.shape[0], device=response_mask.device), last] = scores.float()
+    return token_level
+
+
+@register_reward_manager("naive")
+class NaiveRewardManager:
+    """Score every response independently with a rule-based function.
+
+    Args:
+        tokenizer: the tokenizer used to decode responses (special tokens are skipped).
+        num_examine: how many decoded samples per data source to log at INFO level per call (for eyeballing).
+        compute_score: ``fn(data_source, solution_str, ground_truth, extra_info) -> float`` or a dict with a
+            ``"score"`` entry (other entries are returned as extra info); default: the data_source dispatch.
+        reward_fn_key: the non-tensor key that names each sample's data source.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        num_examine: int = 0,
+        compute_score: Callable[..., Any] | None = None,
+        reward_fn_key: str = "data_source",
+    ):
+        self.tokenizer = tokenizer
+        self.num_examine = num_examine
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+
+    def _score_one(self, data_source: str, response: str, ground_truth: str, extra_info: Any) -> tuple[float, dict]:
+        result = self.compute_score(
+            data_source=data_source, solution_str=response, ground_truth=ground_truth, extra_info=extra_info
+        )
+        if isinstance(result, dict):
+            if "score" not in result:
+                raise ValueError(f"A reward function returned a dict without 'score': {sorted(result)}.")
+            return float(result["score"]), {k: v for k, v in result.items() if k != "score"}
+        return float(result), {}
+
+    def __call__(self, data, return_dict: bool = False):
+        """Score a batch.
+
+        Args:
+            data: a DataProto with tensors ``responses`` (B, R) and ``attention_mask`` (B, P+R) (or
+                ``response_mask`` (B, R)), and non-tensors ``ground_truth`` and ``data_source`` (B,).
+            return_dict: also return per-sample extra info.
+
+        Returns:
+            ``token_level_scores`` (B, R) float32; with ``return_dict``, ``{"reward_tensor": that,
+            "reward_extra_info": {"score": [B floats], ...}}``.
+
+        Raises:
+            ValueError: a required key is missing from the batch.
+        """
+        responses = data.batch["responses"]
+        if "response_mask" in data.batch.keys():
+            response_mask = data.batch["response_mask"]
+        else:
+            response_mask = data.batch["attention_mask"][:, -responses.shape[1] :]
+        non_tensor = data.non_tensor_batch
+        for key in ("ground_truth", self.reward_fn_key):
+            if key not in non_tensor:
+                raise ValueError(
+                    f"The reward manager needs non-tensor key {key!r}; the batch has {sorted(non_tensor)}."
+                )
+        num_valid = response_mask.long().sum(dim=-1).tolist()
+        extra_infos = non_tensor.get("extra_info", np.full(len(responses), None, dtype=object))
+        scores, extra = [], {}
+        examined: dict[str, int] = {}
+        for i, length in enumerate(num_valid):
+            text = self.tokenizer.decode(responses[i, :length].tolist(), skip_special_tokens=True)
+            source = str(non_tensor[self.reward_fn_key][i])
+            score, info = self._score_one(source, text, str(non_tensor["ground_truth"][i]), extra_infos[i])
+            scores.append(score)
+            for key, value in info.items():
+                extra.setdefault(key, [None] * len(num_valid))[i] = value
+            if examined.get(source, 0) < self.num_examine:
+                examined[source] = examined.get(source, 0) + 1
+                logger.info(
+                    "[%s] response=%r ground_truth=%r score=%.3f", source, text, non_tensor["ground_truth"][i], score
+                )
+        reward_tensor = place_scores_on_last_token(torch.tensor(scores, dtype=torch.float32), response_mask)
+        if return_dict:
+            return {"reward_tensor": reward_tensor, "reward_extra_info": {"score": scores, **extra}}
+        return reward_tensor
