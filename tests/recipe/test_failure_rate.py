@@ -177,7 +177,9 @@ def test_load_from_another_policy_starts_an_empty_window():
 def test_load_rejects_a_bad_window(window):
     handler = build(window=4, max_failure_rate=0.5)
     with pytest.raises(ValueError, match="'window' must be a list of 0/1"):
-        handler.load_state_dict({"num_total_failures": 0, "num_consecutive_failures": 0, "last_step": 0, "window": window})
+        handler.load_state_dict(
+            {"num_total_failures": 0, "num_consecutive_failures": 0, "last_step": 0, "window": window}
+        )
 
 
 @pytest.mark.parametrize(

@@ -121,3 +121,34 @@ def test_bad_config_fails_before_ray_starts(tmp_path):
     assert proc.returncode == 2
     assert "unknown update-outcome handler 'strikt'" in proc.stderr
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize("strategy", ["dp", "megatron"])
+def test_ppo_with_a_critic(tmp_path, strategy):
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        "algorithm.adv_estimator=gae",
+        f"actor_rollout_ref.actor.strategy={strategy}",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = train_records(out_dir)
+    assert len(records) == 2
+    for record in records:
+        assert "critic/vf_loss" in record and "critic/update_failed" in record
+    assert records[0]["critic/loss_scale"] == 2.0**32  # the critic trains in fp16 too, with its own scaler
+
+
+def test_critic_fire_drill_under_strict_names_the_critic(tmp_path):
+    proc, _ = run_main(
+        tmp_path,
+        "trainer.total_training_steps=3",
+        "algorithm.adv_estimator=gae",
+        "critic.dtype=float32",
+        "critic.update_failure_policy=strict",
+        "critic.fault_injection.nonfinite_grad_steps=[2]",
+    )
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "critic update failed at step 2" in proc.stderr
+    assert "critic.update_failure_policy" in proc.stderr

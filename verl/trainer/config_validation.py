@@ -82,7 +82,10 @@ def check_batch_sizes(cfg: DictConfig) -> None:
     _positive(n, "actor_rollout_ref.rollout.n")
     train_bs = int(cfg.data.train_batch_size)
     _positive(train_bs, "data.train_batch_size")
-    for section, key in ((cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor"), (cfg.critic, "critic")):
+    sections = [(cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor")]
+    if needs_critic(cfg):
+        sections.append((cfg.critic, "critic"))
+    for section, key in sections:
         mini = int(section.ppo_mini_batch_size)
         micro = int(section.ppo_micro_batch_size_per_gpu)
         _positive(mini, f"{key}.ppo_mini_batch_size")

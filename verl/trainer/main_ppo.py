@@ -92,11 +92,11 @@ def build_worker_groups(config: DictConfig, num_steps: int):
         logger.info("%s", line)
     critic_wg = None
     if groups == 2:
-        from verl.workers.critic_workers import build_critic_worker_class
+        from verl.workers.critic_workers import CriticWorker
 
         critic_wg = RayWorkerGroup(
             RayResourcePool(num_workers, **pool_kwargs),
-            RayClassWithInitArgs(build_critic_worker_class(config), config, num_steps),
+            RayClassWithInitArgs(CriticWorker, config, num_steps),
             name_prefix="critic",
         )
         for line in critic_wg.init_model():

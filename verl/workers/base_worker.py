@@ -23,13 +23,15 @@ from verl.workers.actor.base import BasePPOActor
 logger = logging.getLogger(__name__)
 
 
-def per_rank_actor_config(actor_config: DictConfig, rollout_n: int, world_size: int) -> DictConfig:
-    """The actor config with ``ppo_mini_batch_size`` turned from prompts into samples on each rank."""
-    cfg = OmegaConf.create(OmegaConf.to_container(actor_config, resolve=True))
+def per_rank_config(
+    section: DictConfig, rollout_n: int, world_size: int, key: str = "actor_rollout_ref.actor"
+) -> DictConfig:
+    """A trained model's config with ``ppo_mini_batch_size`` turned from prompts into samples on each rank."""
+    cfg = OmegaConf.create(OmegaConf.to_container(section, resolve=True))
     samples = int(cfg.ppo_mini_batch_size) * int(rollout_n)
     if samples % world_size:
         raise ValueError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size x rollout.n = {samples} samples do not split over "
+            f"{key}.ppo_mini_batch_size x rollout.n = {samples} samples do not split over "
             f"{world_size} ranks; make it a multiple of trainer.n_gpus_per_node x trainer.nnodes."
         )
     cfg.ppo_mini_batch_size = samples // world_size
@@ -43,6 +45,16 @@ def choose_device(config: DictConfig) -> str:
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("trainer.device=cuda but this worker sees no CUDA device; use trainer.device=cpu or auto.")
     return device
+
+
+def setup_worker_process(worker: Worker) -> str:
+    """Thread count, torch.distributed (for several ranks) and the device of a freshly started worker."""
+    threads = os.environ.get("VERL_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    if worker.world_size > 1:
+        worker.init_torch_distributed()
+    return choose_device(worker.config)
 
 
 class ActorRolloutRefWorker(Worker):
@@ -74,17 +86,10 @@ class ActorRolloutRefWorker(Worker):
         """Join torch.distributed, build actor, reference and rollout; returns a one-line description."""
         from verl.workers.rollout import get_rollout_cls
 
-        threads = os.environ.get("VERL_NUM_THREADS")
-        if threads:
-            torch.set_num_threads(int(threads))
-        if self.world_size > 1:
-            self.init_torch_distributed()
         cfg = self.config
-        device = choose_device(cfg)
+        device = setup_worker_process(self)
         torch.manual_seed(int(cfg.actor_rollout_ref.actor.seed))
-        actor_config = per_rank_actor_config(
-            cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n, self.world_size
-        )
+        actor_config = per_rank_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n, self.world_size)
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
         if self._needs_ref():

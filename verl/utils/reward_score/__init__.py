@@ -2,7 +2,7 @@
 
 Each scorer is a plain function ``compute_score(solution_str, ground_truth) -> float``. The default dispatch picks
 one by the sample's ``data_source`` (a column of the dataset); users with other data sources plug their own
-function in with ``custom_reward_function`` (see :mod:`verl.workers.reward_manager`).
+function in with ``reward_model.custom_score_fn`` (see :mod:`verl.workers.reward_manager`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: str
         raise ValueError(
             f"No built-in reward scorer for data_source {data_source!r}. Known: {', '.join(known_data_sources())}. "
             "Set the dataset's data_source column to one of these, or supply your own scorer with "
-            "custom_reward_function.path=module.path:function_name."
+            "reward_model.custom_score_fn=module.path:function_name."
         )
     return float(scorer(solution_str, ground_truth))
 
