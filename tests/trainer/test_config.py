@@ -100,6 +100,20 @@ def test_policy_mapping_from_the_command_line():
             ["actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.actor.strategy=megatron"],
             "needs a Hugging Face actor",
         ),
+        (
+            [
+                "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.actor.megatron.use_megatron_optimizer=true",
+            ],
+            "use_megatron_optimizer=true needs CUDA",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            ],
+            "need megatron-core's optimizer path",
+        ),
     ],
 )
 def test_bad_config_fails_with_the_key_and_the_fix(overrides, match):

@@ -135,6 +135,12 @@ def validate_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None
     if cfg.data.max_prompt_length < 1 or cfg.data.max_response_length < 1:
         raise ValueError("data.max_prompt_length and data.max_response_length must be >= 1.")
     check_batch_sizes(cfg)
+    if actor.strategy == "megatron" and cfg.trainer.device == "cpu":
+        import torch
+
+        from verl.workers.actor.megatron_builder import choose_training_path
+
+        choose_training_path(actor.megatron, torch.device("cpu"), "actor_rollout_ref.actor")
     # Build each policy once here so that a typo fails now, not inside a Ray worker minutes later.
     build_update_outcome_handler(actor.update_failure_policy, dtype=actor.dtype, role="actor")
     build_update_outcome_handler(cfg.critic.update_failure_policy, dtype=cfg.critic.dtype, role="critic")

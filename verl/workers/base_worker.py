@@ -109,7 +109,8 @@ class ActorRolloutRefWorker(Worker):
             eos_token_id=tokenizer.eos_token_id,
         )
         return (
-            f"rank {self.rank}: {type(self.actor).__name__} on {device}, rollout {cfg.actor_rollout_ref.rollout.name}"
+            f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)}), "
+            f"rollout {cfg.actor_rollout_ref.rollout.name}"
         )
 
     def _tokenizer_path(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from verl.workers.actor.megatron_actor import MegatronPPOActor
@@ -32,6 +33,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             total_training_steps=self.total_training_steps,
             hf_state_dict=hf_model.state_dict(),
             rank=self.rank,
+            process_group=dist.group.WORLD if dist.is_initialized() else None,
         )
         if not trainable:
             actor.model_module().eval().requires_grad_(False)

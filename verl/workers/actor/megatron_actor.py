@@ -36,6 +36,8 @@ class MegatronPPOActor(BasePPOActor):
         rank: data-parallel rank.
         use_megatron_schedule: True on the GPU path (megatron-core optimizer, DDP and micro-batch schedule).
         role: "actor" or "critic".
+        min_loss_scale: the fp16 loss scaler's floor (``optim.min_loss_scale``); megatron-core's optimizer does
+            not expose it, and the update-failure handler needs it to tell a back-off from a stuck scaler.
     """
 
     def __init__(
@@ -47,9 +49,12 @@ class MegatronPPOActor(BasePPOActor):
         rank: int = 0,
         use_megatron_schedule: bool = False,
         role: str = "actor",
+        min_loss_scale: float | None = None,
     ):
         self.model = model
         self.use_megatron_schedule = use_megatron_schedule
+        self.min_loss_scale = min_loss_scale
+        self.training_path = "GPU path" if use_megatron_schedule else "CPU path"
         super().__init__(config, optimizer, lr_scheduler, rank=rank, role=role)
 
     def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -68,16 +73,18 @@ class MegatronPPOActor(BasePPOActor):
         return float(self.optimizer.get_loss_scale())
 
     def _min_loss_scale(self) -> float | None:
-        if not self.use_megatron_schedule:
-            return super()._min_loss_scale()
-        scaler = getattr(self.optimizer, "grad_scaler", None)
-        floor = getattr(scaler, "min_scale", None)
-        return None if floor is None else float(floor)
+        if self.min_loss_scale is not None or self.use_megatron_schedule:
+            return self.min_loss_scale  # megatron-core's scaler floor, from the same config
+        return super()._min_loss_scale()
 
     def _backward_mini_batch(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
-        if not self.use_megatron_schedule:
+        if self.use_megatron_schedule:
+            return self._backward_with_megatron_schedule(mini, temperature)
+        # megatron's linear layers re-enter autocast in their backward only on CUDA (custom_bwd with
+        # device_type="cuda"); on CPU they would multiply fp16 output gradients by fp32 weights. Running the backward
+        # under the forward's autocast does on CPU what custom_bwd does on CUDA.
+        with self._autocast():
             return super()._backward_mini_batch(mini, temperature)
-        return self._backward_with_megatron_schedule(mini, temperature)
 
     def _backward_with_megatron_schedule(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
         """Forward/backward every micro-batch through megatron-core's schedule (pipeline-aware)."""
@@ -96,6 +103,7 @@ class MegatronPPOActor(BasePPOActor):
                 input_ids=batch["input_ids"],
                 position_ids=batch["position_ids"],
                 attention_mask=build_attention_mask(batch["attention_mask"]),
+                runtime_gather_output=True,  # the loss needs the whole vocabulary on every tensor-parallel rank
             )
 
             def loss_func(logits):

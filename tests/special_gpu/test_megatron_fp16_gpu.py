@@ -1,0 +1,110 @@
+"""GPU checks of the megatron actor with megatron-core's own optimizer, DDP and schedules (fp16 from 2**32).
+
+Run by tests/special_gpu/run_all.sh on a machine with a CUDA device; skipped elsewhere.
+"""
+
+import pytest
+import torch
+
+from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def megatron_world_of_one():
+    yield
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def gpu_actor(hf_model=None, dtype="float16", **overrides):
+    from verl.workers.actor.megatron_builder import build_megatron_actor
+
+    hf_model = hf_model or tiny_qwen2(seed=0)
+    megatron = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "use_megatron_optimizer": True}
+    config = actor_config(strategy="megatron", dtype=dtype, megatron=megatron, seed=1, **overrides)
+    return build_megatron_actor(
+        hf_model.config, config, device="cuda", total_training_steps=100, hf_state_dict=hf_model.state_dict()
+    )
+
+
+def cuda_batch(actor):
+    batch = ppo_batch().to("cuda")
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    return batch
+
+
+def test_megatron_core_optimizer_passes_its_fp16_warm_up_then_trains():
+    actor = gpu_actor()
+    assert actor.use_megatron_schedule and actor.training_path.startswith("GPU path")
+    assert isinstance(actor.update_outcome_handler, FP16WarnAndCountHandler)
+    batch = cuda_batch(actor)
+    failed, losses, scales = [], [], []
+    for _ in range(40):
+        metrics = actor.update_policy(batch)  # must not raise under the default policy
+        failed.append(metrics["actor/update_failed"])
+        losses.append(metrics["actor/pg_loss"])
+        scales.append(metrics["actor/loss_scale"])
+    assert scales[0] == 2.0**32 and failed[0] == 1.0
+    first_success = failed.index(0.0)
+    assert metrics["actor/update_failures_total"] >= first_success >= 1
+    assert failed[-5:] == [0.0] * 5
+    assert losses[-1] < losses[first_success]
+
+
+def test_strict_raises_on_the_first_overflow():
+    actor = gpu_actor(update_failure_policy="strict")
+    with pytest.raises(UpdateFailedError, match="actor update failed at step 1: gradient overflow"):
+        actor.update_policy(cuda_batch(actor))
+
+
+def test_fire_drill_through_megatron_main_grads():
+    # After the warm-up, a poisoned main_grad must be caught by megatron-core's own inf check and skipped.
+    actor = gpu_actor(fault_injection={"nonfinite_grad_steps": [30], "ranks": None})
+    batch = cuda_batch(actor)
+    results = [actor.update_policy(batch)["actor/update_failed"] for _ in range(31)]
+    assert results[-2] == 1.0 and results[-1] == 0.0
+
+
+def test_log_probs_equal_the_hf_model_in_fp32():
+    # megatron-core's CUDA layer spec must honour the padding mask: rows 0 (left pad) and 1 (right pad) of
+    # ppo_batch would differ from the HF model otherwise.
+    from verl.utils.amp_optimizer import build_amp_optimizer
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+    hf_model = tiny_qwen2(seed=0)
+    actor = gpu_actor(hf_model, dtype="float32")
+    batch = ppo_batch()
+    got, _ = actor.compute_log_prob(batch.to("cuda"))
+    optimizer, _ = build_amp_optimizer(
+        hf_model.parameters(), actor_config().optim, dtype=torch.float32, total_training_steps=1
+    )
+    want, _ = DataParallelPPOActor(actor_config(), hf_model, optimizer).compute_log_prob(batch)
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(got.cpu()[mask], want[mask], atol=1e-3, rtol=1e-3)
+
+
+def test_checkpoint_restores_megatron_loss_scaler_and_handler(tmp_path):
+    from verl.utils.checkpoint import atomic_directory
+
+    actor = gpu_actor()
+    batch = cuda_batch(actor)
+    for _ in range(20):
+        actor.update_policy(batch)
+    with atomic_directory(tmp_path / "ckpt") as tmp:
+        actor.save_checkpoint(tmp)
+    restored = gpu_actor(tiny_qwen2(seed=7))
+    restored.load_checkpoint(tmp_path / "ckpt")
+    assert float(restored.optimizer.get_loss_scale()) == float(actor.optimizer.get_loss_scale()) < 2.0**32
+    assert restored.update_outcome_handler.state_dict() == actor.update_outcome_handler.state_dict()
+    # the restored fp32 main weights must be the trained ones: the next update of both is the same
+    torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
+    assert restored.update_policy(batch)["actor/update_failed"] == actor.update_policy(batch)["actor/update_failed"]

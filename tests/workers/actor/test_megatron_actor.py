@@ -1,0 +1,241 @@
+"""MegatronPPOActor on CPU: the real megatron-core GPTModel under the shared loop and step contract."""
+
+import pytest
+import torch
+
+from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+from verl.utils.amp_optimizer import build_amp_optimizer
+from verl.utils.checkpoint import atomic_directory
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.actor.megatron_builder import build_megatron_actor
+from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def megatron_world_of_one():
+    """megatron-core's groups exist only while these tests run (other tests expect no process group)."""
+    yield
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def megatron_config(**overrides):
+    megatron = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "use_megatron_optimizer": "auto"}
+    megatron.update(overrides.pop("megatron", {}))
+    return actor_config(strategy="megatron", megatron=megatron, seed=1, **overrides)
+
+
+def make_megatron_actor(hf_model=None, **overrides):
+    hf_model = hf_model or tiny_qwen2(seed=0)
+    return build_megatron_actor(
+        hf_model.config,
+        megatron_config(**overrides),
+        device="cpu",
+        total_training_steps=100,
+        hf_state_dict=hf_model.state_dict(),
+    )
+
+
+def with_old_log_probs(actor):
+    batch = ppo_batch()
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    return batch
+
+
+class ScriptedOptimizer:
+    """The real AmpOptimizer, except that chosen steps report (False, None, None) and apply nothing."""
+
+    def __init__(self, inner, failing_steps):
+        self.inner, self.failing_steps, self.num_steps = inner, set(failing_steps), 0
+
+    def step(self):
+        self.num_steps += 1
+        if self.num_steps in self.failing_steps:
+            return False, None, None
+        return self.inner.step()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_training_path_is_the_cpu_adapter():
+    actor = make_megatron_actor()
+    assert actor.training_path.startswith("CPU path") and not actor.use_megatron_schedule
+
+
+def test_log_probs_equal_the_dp_actor_on_the_same_weights():
+    hf_model = tiny_qwen2(seed=0)
+    megatron = make_megatron_actor(hf_model)
+    optimizer, _ = build_amp_optimizer(
+        hf_model.parameters(), actor_config().optim, dtype=torch.float32, total_training_steps=1
+    )
+    dp = DataParallelPPOActor(actor_config(), hf_model, optimizer)
+    batch = ppo_batch()
+    got, _ = megatron.compute_log_prob(batch)
+    want, _ = dp.compute_log_prob(batch)
+    mask = batch.batch["response_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-4, rtol=1e-4)
+
+
+def test_real_fp16_overflow_is_absorbed_then_training_works():
+    # auto + float16 -> fp16_warn_and_count. The loss scale starts at 2**32: the fp16 backward through the real
+    # GPTModel overflows, the scaler halves (after hysteresis 2) until the gradients fit, and each of those
+    # failures is absorbed (scale > floor 1.0), so nothing raises although there are more than 10 in a row.
+    actor = make_megatron_actor(dtype="float16")
+    assert isinstance(actor.update_outcome_handler, FP16WarnAndCountHandler)
+    batch = with_old_log_probs(actor)
+    failed, losses, scales = [], [], []
+    for _ in range(30):
+        metrics = actor.update_policy(batch)
+        failed.append(metrics["actor/update_failed"])
+        losses.append(metrics["actor/pg_loss"])
+        scales.append(metrics["actor/loss_scale"])
+    first_success = failed.index(0.0)
+    assert scales[0] == 2.0**32 and scales[first_success] < 2.0**32
+    assert first_success >= 2 and failed[:first_success] == [1.0] * first_success
+    assert metrics["actor/update_failures_total"] == sum(failed)
+    assert failed[-5:] == [0.0] * 5
+    assert losses[-1] < losses[first_success] - 0.05
+
+
+def test_strict_raises_on_the_first_scripted_failure():
+    actor = make_megatron_actor(update_failure_policy="strict")
+    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps=[2])
+    batch = with_old_log_probs(actor)
+    actor.update_policy(batch)  # step 1 applies
+    with pytest.raises(UpdateFailedError, match="actor update failed at step 2: non-finite gradients"):
+        actor.update_policy(batch)
+
+
+def optimizer_snapshot(actor):
+    """Weights, Adam moments and Adam's step counts, cloned."""
+    weights = {k: v.clone() for k, v in actor.model_module().state_dict().items() if isinstance(v, torch.Tensor)}
+    adam_state = actor.optimizer.inner.optimizer.state_dict()["state"]
+    moments = {(pid, key): v.clone() for pid, state in adam_state.items() for key, v in state.items()}
+    return weights, moments
+
+
+def assert_bitwise_equal(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_fp16_policy_skips_counts_and_raises_exactly_at_its_limit():
+    # fp32, so loss_scale is None and no failure is absorbed; limit 2. Optimizer steps 2, 3 and 4 fail:
+    # step 2 -> consecutive 1 (<= 2, skipped), step 3 -> consecutive 2 (<= 2, skipped), step 4 -> consecutive 3,
+    # more than 2 -> raise at step 4. One update_policy call is one step (8 samples, mini-batch 8, one epoch).
+    actor = make_megatron_actor(update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 2})
+    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps=[2, 3, 4])
+    batch = with_old_log_probs(actor)
+    actor.update_policy(batch)  # step 1 applies, so Adam has moments and a step count of 1
+    weights, moments = optimizer_snapshot(actor)
+    lr_epoch = actor.lr_scheduler.last_epoch
+    metrics = [actor.update_policy(batch) for _ in range(2)]
+    assert [m["actor/update_failures_consecutive"] for m in metrics] == [1.0, 2.0]
+    assert [m["actor/update_failures_total"] for m in metrics] == [1.0, 2.0]
+    assert [m["actor/update_failed"] for m in metrics] == [1.0, 1.0]
+    # skipped steps leave weights, moments and Adam's step count bit for bit, and the LR schedule where it was
+    after_weights, after_moments = optimizer_snapshot(actor)
+    assert_bitwise_equal(weights, after_weights)
+    assert_bitwise_equal(moments, after_moments)
+    assert actor.lr_scheduler.last_epoch == lr_epoch
+    with pytest.raises(UpdateFailedError, match="step 4.*max_consecutive_failures=2"):
+        actor.update_policy(batch)
+
+
+def test_a_success_resets_the_consecutive_count():
+    # limit 2, failures at steps 2, 3, 5, 6: the success at step 4 resets the count, so the run never has more
+    # than 2 consecutive failures -> no raise; totals 1, 2, (success), 3, 4; consecutive 1, 2, 0, 1, 2.
+    actor = make_megatron_actor(update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 2})
+    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps=[2, 3, 5, 6])
+    batch = with_old_log_probs(actor)
+    metrics = [actor.update_policy(batch) for _ in range(6)][1:]
+    assert [m["actor/update_failures_consecutive"] for m in metrics] == [1.0, 2.0, 0.0, 1.0, 2.0]
+    assert [m["actor/update_failures_total"] for m in metrics] == [1.0, 2.0, 2.0, 3.0, 4.0]
+
+
+def test_metric_names_match_the_dp_actor():
+    hf_model = tiny_qwen2(seed=0)
+    megatron = make_megatron_actor(hf_model, dtype="float16")
+    optimizer, scheduler = build_amp_optimizer(
+        hf_model.parameters(), actor_config().optim, dtype=torch.float16, total_training_steps=1
+    )
+    dp = DataParallelPPOActor(actor_config(dtype="float16"), hf_model, optimizer, scheduler)
+    batch = with_old_log_probs(dp)
+    assert set(megatron.update_policy(batch)) == set(dp.update_policy(batch))
+
+
+def test_checkpoint_restores_loss_scaler_and_handler(tmp_path):
+    actor = make_megatron_actor(dtype="float16")
+    batch = with_old_log_probs(actor)
+    for _ in range(5):
+        actor.update_policy(batch)
+    with atomic_directory(tmp_path / "ckpt") as tmp:
+        actor.save_checkpoint(tmp)
+    restored = make_megatron_actor(tiny_qwen2(seed=7), dtype="float16")
+    restored.load_checkpoint(tmp_path / "ckpt")
+    assert restored.optimizer.get_loss_scale() == actor.optimizer.get_loss_scale() < 2.0**32
+    assert restored.update_outcome_handler.state_dict() == actor.update_outcome_handler.state_dict()
+    assert restored.num_update_steps == 5
+    for key, value in actor.model_module().state_dict().items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, restored.model_module().state_dict()[key]), key
+
+
+@pytest.mark.parametrize(
+    "megatron, match",
+    [
+        ({"use_megatron_optimizer": True}, "use_megatron_optimizer=true needs CUDA"),
+        ({"use_megatron_optimizer": "yes"}, "must be auto, true or false"),
+        ({"tensor_model_parallel_size": 2}, "tensor/pipeline parallel sizes 2/1 need megatron-core"),
+        ({"pipeline_model_parallel_size": 2}, "tensor/pipeline parallel sizes 1/2 need megatron-core"),
+        ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size must be an integer >= 1, got 0"),
+        ({"pipeline_model_parallel_size": -1}, "pipeline_model_parallel_size must be an integer >= 1, got -1"),
+    ],
+)
+def test_invalid_megatron_settings_fail_at_start_up(megatron, match):
+    with pytest.raises(ValueError, match=match):
+        make_megatron_actor(megatron=megatron)
+
+
+def test_invalid_dtype_fails_at_start_up():
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.dtype='float8' is not supported"):
+        make_megatron_actor(dtype="float8")
+
+
+def test_a_model_directory_gives_the_same_actor(tmp_path):
+    hf_model = tiny_qwen2(seed=0)
+    hf_model.save_pretrained(tmp_path / "model")
+    from_dir = build_megatron_actor(str(tmp_path / "model"), megatron_config(), device="cpu", total_training_steps=1)
+    batch = ppo_batch()
+    got, _ = from_dir.compute_log_prob(batch)
+    want, _ = make_megatron_actor(hf_model).compute_log_prob(batch)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_megatron_core_optimizer_config_carries_the_fp16_settings():
+    # built on CPU to check field names and values; the optimizer itself needs CUDA (tests/special_gpu)
+    from verl.workers.actor.megatron_builder import megatron_optimizer_config
+
+    optim = actor_config(optim={"initial_loss_scale": 2.0**16, "loss_scale_window": 50, "hysteresis": 3}).optim
+    config = megatron_optimizer_config(optim, torch.float16)
+    assert (config.optimizer, config.fp16, config.bf16, config.params_dtype) == ("adam", True, False, torch.float16)
+    assert (config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window, config.hysteresis) == (
+        2.0**16,
+        1.0,
+        50,
+        3,
+    )
+    assert (config.lr, config.weight_decay, config.clip_grad, config.use_distributed_optimizer) == (
+        1e-2,
+        0.0,
+        1.0,
+        False,
+    )
+    assert megatron_optimizer_config(optim, torch.bfloat16).bf16
+    with pytest.raises(ValueError, match="optim.lr must be > 0"):
+        megatron_optimizer_config(actor_config(optim={"lr": 0.0}).optim, torch.float16)
