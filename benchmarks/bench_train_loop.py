@@ -56,9 +56,7 @@ def run_trainer(overrides: list[str], log_dir: Path, timeout_s: float) -> tuple[
     """
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     start = time.perf_counter()
-    proc = subprocess.run(
-        command, cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    proc = subprocess.run(command, cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
     wall = time.perf_counter() - start
     found = sorted(log_dir.rglob("metrics.jsonl"))
     if proc.returncode != 0 or not found:

@@ -263,7 +263,10 @@ def main(argv=None) -> int:
     pooled = {n: common.median([r["samples_per_second"] for r in rows if r["trainer"] == n]) for n in ("verl", "trl")}
     verl_phases = [r["phases_s"] for r in rows if r["trainer"] == "verl"]
     phase_medians = {k: common.median([p[k] for p in verl_phases if k in p]) for k in verl_phases[0]}
-    print("verl phase medians (s): " + ", ".join(f"{k.removeprefix('timing_s/')}={v:.4f}" for k, v in phase_medians.items()))
+    print(
+        "verl phase medians (s): "
+        + ", ".join(f"{k.removeprefix('timing_s/')}={v:.4f}" for k, v in phase_medians.items())
+    )
     print(f"verl / TRL throughput (median over {args.rounds} rounds): {common.median(ratios):.3f}")
     payload = {
         "settings": {k: v for k, v in vars(args).items() if k != "trl_child"},

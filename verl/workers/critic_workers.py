@@ -86,4 +86,3 @@ class CriticWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
         self.critic.load_checkpoint(directory)
-
