@@ -15,7 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 import recipe.fp16_guard.failure_rate  # noqa: F401  (registers "failure_rate" in this process)
-from verl.trainer.main_ppo import run
+from verl.trainer.main_ppo import cli, run
 
 
 @hydra.main(config_path="config", config_name="fp16_guard", version_base=None)
@@ -24,4 +24,4 @@ def main(config: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

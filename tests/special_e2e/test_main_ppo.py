@@ -123,6 +123,13 @@ def test_bad_config_fails_before_ray_starts(tmp_path):
     assert "Started a local Ray instance" not in proc.stderr + proc.stdout
 
 
+def test_unknown_key_from_the_command_line_is_a_config_error(tmp_path):
+    # Hydra rejects the key itself (exit 1 in plain Hydra); the entry point reports it as the config error it is.
+    proc, _ = run_main(tmp_path, "actor_rollout_ref.actor.update_failure_polcy=strict")
+    assert proc.returncode == 2
+    assert "update_failure_polcy" in proc.stderr
+
+
 @pytest.mark.parametrize("strategy", ["dp", "megatron"])
 def test_ppo_with_a_critic(tmp_path, strategy):
     proc, out_dir = run_main(

@@ -66,9 +66,11 @@ def test_strict_raises_on_the_first_overflow():
         actor.update_policy(cuda_batch(actor))
 
 
-def test_fire_drill_through_megatron_main_grads():
-    # After the warm-up, a poisoned main_grad must be caught by megatron-core's own inf check and skipped.
-    actor = gpu_actor(fault_injection={"nonfinite_grad_steps": [30], "ranks": None})
+def test_fire_drill_through_the_megatron_schedule():
+    # On this path the drill poisons the losses of update 30 (before DDP's reduction, so every data-parallel rank
+    # would see it); the NaN gradients must be caught by megatron-core's own inf check and the update skipped.
+    assert gpu_actor().fire_drill_poisons_loss
+    actor = gpu_actor(fault_injection={"nonfinite_grad_steps": [30], "ranks": [0]})
     batch = cuda_batch(actor)
     results = [actor.update_policy(batch)["actor/update_failed"] for _ in range(31)]
     assert results[-2] == 1.0 and results[-1] == 0.0

@@ -94,6 +94,7 @@ def test_policy_mapping_from_the_command_line():
         ),
         (["actor_rollout_ref.rollout.name=vllm"], r"rollout.name='vllm' is not supported"),
         (["trainer.logger=[console,mlflow]"], "trainer.logger"),
+        (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0"], "ref.log_prob_micro_batch_size_per_gpu"),
         (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
         (["algorithm.adv_estimator=gae", "critic.enable=false"], "needs a value model"),
         (
@@ -112,7 +113,7 @@ def test_policy_mapping_from_the_command_line():
                 "actor_rollout_ref.actor.strategy=megatron",
                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
             ],
-            "need megatron-core's optimizer path",
+            "must be 1 in main_ppo",
         ),
     ],
 )

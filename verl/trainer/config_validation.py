@@ -82,6 +82,9 @@ def check_batch_sizes(cfg: DictConfig) -> None:
     _positive(n, "actor_rollout_ref.rollout.n")
     train_bs = int(cfg.data.train_batch_size)
     _positive(train_bs, "data.train_batch_size")
+    for key in ("actor_rollout_ref.actor", "actor_rollout_ref.ref"):
+        value = OmegaConf.select(cfg, f"{key}.log_prob_micro_batch_size_per_gpu")
+        _positive(int(value), f"{key}.log_prob_micro_batch_size_per_gpu")
     sections = [(cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor")]
     if needs_critic(cfg):
         sections.append((cfg.critic, "critic"))
@@ -121,8 +124,8 @@ def validate_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None
         raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
     _one_of(cfg.algorithm.adv_estimator, ADV_ESTIMATOR_REGISTRY.names(), "algorithm.adv_estimator")
     _one_of(cfg.trainer.resume_mode, RESUME_MODES, "trainer.resume_mode")
-    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
-        raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint directory>.")
+    if cfg.trainer.resume_mode == "resume_path":
+        check_resume_path(cfg.trainer.resume_from_path)
     _one_of(cfg.trainer.device, ("cpu", "cuda", "auto"), "trainer.device")
     logger_list = list(cfg.trainer.logger) if isinstance(cfg.trainer.logger, ListConfig | list) else None
     if logger_list is None or any(name not in LOGGERS for name in logger_list):
@@ -135,6 +138,15 @@ def validate_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None
     if cfg.data.max_prompt_length < 1 or cfg.data.max_response_length < 1:
         raise ValueError("data.max_prompt_length and data.max_response_length must be >= 1.")
     check_batch_sizes(cfg)
+    if actor.strategy == "megatron" and (
+        int(actor.megatron.tensor_model_parallel_size),
+        int(actor.megatron.pipeline_model_parallel_size),
+    ) != (1, 1):
+        raise ValueError(
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size and pipeline_model_parallel_size must be 1 "
+            "in main_ppo: its workers load the Hugging Face weights, which needs whole models per rank; scale out "
+            "with trainer.n_gpus_per_node (data parallel) instead."
+        )
     if actor.strategy == "megatron" and cfg.trainer.device == "cpu":
         import torch
 
@@ -153,3 +165,20 @@ def needs_critic(cfg: DictConfig) -> bool:
     if enable == "auto":
         return cfg.algorithm.adv_estimator == "gae"
     return bool(enable)
+
+
+def check_resume_path(resume_from_path: str | None) -> None:
+    """``trainer.resume_from_path`` must name an existing ``global_step_N`` directory with the trainer's state."""
+    from pathlib import Path
+
+    from verl.utils.checkpoint import step_of_checkpoint
+
+    if not resume_from_path:
+        raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint directory>.")
+    path = Path(resume_from_path)
+    step_of_checkpoint(path)  # the name must be global_step_N
+    if not (path / "trainer_state.pt").is_file():
+        raise ValueError(
+            f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.pt); point it at a "
+            f"global_step_N directory written by the trainer, or use trainer.resume_mode=auto."
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -112,6 +113,8 @@ def _cuda_visible() -> bool:
 
 def run(config: DictConfig) -> int:
     """Train with ``config``; returns the process exit code."""
+    global _run_entered
+    _run_entered = True
     setup_logging()
     try:
         validate_config(config, default_config())
@@ -174,5 +177,23 @@ def main(config: DictConfig) -> None:
     sys.exit(run(config))
 
 
+_run_entered = False  # set by run(): from then on, exit codes are run()'s own
+
+
+def cli(hydra_main: Callable[[], None] = main) -> None:
+    """Call a ``@hydra.main`` entry point, mapping Hydra's own config errors to exit code 2.
+
+    Hydra reports a config it cannot compose (unknown key, bad override syntax) and exits with 1, the code this
+    entry point keeps for a run stopped by the update-failure policy; a failure before :func:`run` was entered is
+    always a config error.
+    """
+    try:
+        hydra_main()
+    except SystemExit as exit_:
+        if not _run_entered and exit_.code == 1:
+            raise SystemExit(2) from None
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -216,11 +216,17 @@ def loss_scale_config_from(optim_config: Any) -> LossScaleConfig:
         return cfg_get(optim_config, key, default)
 
     defaults = LossScaleConfig()
+
+    def value(key):
+        # Only a missing or null key takes the default: 0 or a negative number reaches LossScaleConfig's checks.
+        found = get(key, None)
+        return getattr(defaults, key) if found is None else found
+
     return LossScaleConfig(
-        initial_loss_scale=float(get("initial_loss_scale", None) or defaults.initial_loss_scale),
-        min_loss_scale=float(get("min_loss_scale", None) or defaults.min_loss_scale),
-        loss_scale_window=int(get("loss_scale_window", None) or defaults.loss_scale_window),
-        hysteresis=int(get("hysteresis", None) or defaults.hysteresis),
+        initial_loss_scale=float(value("initial_loss_scale")),
+        min_loss_scale=float(value("min_loss_scale")),
+        loss_scale_window=value("loss_scale_window"),
+        hysteresis=value("hysteresis"),
     )
 
 

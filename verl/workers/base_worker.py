@@ -93,7 +93,9 @@ class ActorRolloutRefWorker(Worker):
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
         if self._needs_ref():
-            self.ref = self._build_actor(actor_config, device, trainable=False)
+            ref_config = actor_config.copy()
+            ref_config.log_prob_micro_batch_size_per_gpu = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+            self.ref = self._build_actor(ref_config, device, trainable=False)
         from verl.models.loading import load_tokenizer
 
         tokenizer = load_tokenizer(self._tokenizer_path())

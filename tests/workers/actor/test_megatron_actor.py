@@ -239,3 +239,45 @@ def test_megatron_core_optimizer_config_carries_the_fp16_settings():
     assert megatron_optimizer_config(optim, torch.bfloat16).bf16
     with pytest.raises(ValueError, match="optim.lr must be > 0"):
         megatron_optimizer_config(actor_config(optim={"lr": 0.0}).optim, torch.float16)
+
+
+class CountingOptimizer:
+    """Stands in for megatron-core's bf16 optimizer, which applies whatever gradients it gets and reports success."""
+
+    def __init__(self):
+        self.num_steps = 0
+
+    def step(self):
+        self.num_steps += 1
+        return True, 1.0, 0
+
+    def get_loss_scale(self):
+        return torch.tensor(1.0)
+
+    def zero_grad(self):
+        pass
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_bf16_megatron_core_path_refuses_non_finite_gradients(poison):
+    from verl.workers.actor.megatron_actor import MegatronPPOActor
+
+    model = make_megatron_actor().model
+    optimizer = CountingOptimizer()
+    actor = MegatronPPOActor(
+        megatron_config(dtype="bfloat16", update_failure_policy="fp16_warn_and_count"),
+        model,
+        optimizer,
+        use_megatron_schedule=True,  # the GPU path's step logic, driven here without CUDA
+    )
+    for param in model.parameters():
+        param.main_grad = torch.ones_like(param)  # where megatron-core's DDP leaves the reduced gradients
+    if poison:
+        next(iter(model.parameters())).main_grad[0] = float("nan")
+    outcome = actor._optimizer_step()
+    # A finite bf16 step goes through to the optimizer; a NaN one never reaches it and reports a NaN norm.
+    assert optimizer.num_steps == (0 if poison else 1)
+    assert outcome.successful is not poison
+    assert outcome.loss_scale is None
+    if poison:
+        assert outcome.grad_norm != outcome.grad_norm and outcome.failure_reason.startswith("non-finite")

@@ -158,6 +158,16 @@ def test_load_state_dict_rejects_bad_state():
         StrictHandler().load_state_dict({"num_total_failures": 0, "num_consecutive_failures": 0})
     with pytest.raises(ValueError, match="non-negative integer"):
         StrictHandler().load_state_dict({"num_total_failures": -1, "num_consecutive_failures": 0, "last_step": 0})
+    good = {"num_total_failures": 3, "num_consecutive_failures": 2, "last_step": 4}
+    # Unabsorbed failures are a subset of the consecutive ones: 3 > 2 means a corrupt or hand-edited checkpoint.
+    with pytest.raises(ValueError, match="num_consecutive_unabsorbed=3 > num_consecutive_failures=2"):
+        FP16WarnAndCountHandler().load_state_dict({**good, "num_consecutive_unabsorbed": 3})
+    with pytest.raises(ValueError, match="non-negative integer"):
+        FP16WarnAndCountHandler().load_state_dict({**good, "num_consecutive_unabsorbed": "1"})
+    # A checkpoint written under `strict` has no unabsorbed counter: the consecutive count is the safe bound.
+    handler = FP16WarnAndCountHandler()
+    handler.load_state_dict(good)
+    assert handler.num_consecutive_unabsorbed == 2
 
 
 # ---------------------------------------------------------------- simulated fp16 runs

@@ -22,8 +22,9 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from verl.protocol import DataProto
+from verl.trainer.config_validation import check_resume_path
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-from verl.utils.checkpoint import atomic_directory, find_latest_checkpoint, load_state, save_state, step_of_checkpoint
+from verl.utils.checkpoint import atomic_directory, find_latest_checkpoint, load_state, save_state
 from verl.utils.tracking import Tracking
 
 logger = logging.getLogger("verl.trainer")
@@ -244,14 +245,12 @@ class RayPPOTrainer:
         if mode == "disable":
             return
         if mode == "resume_path":
+            check_resume_path(self.config.trainer.resume_from_path)
             path = Path(self.config.trainer.resume_from_path)
-            if not path.is_dir():
-                raise ValueError(f"trainer.resume_from_path={path} is not a checkpoint directory.")
         else:
             path = find_latest_checkpoint(self.checkpoint_root())
             if path is None:
                 return
-        step_of_checkpoint(path)  # validates the name
         state: dict[str, Any] = load_state(path / "trainer_state.pt")
         self.actor_wg.load_checkpoint(str(path / "actor"))
         if self.critic_wg is not None:

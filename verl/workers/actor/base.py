@@ -85,6 +85,10 @@ class BasePPOActor(ABC):
         role: "actor" (or "critic" for value models): prefixes metrics and names the config key in errors.
     """
 
+    # Where the fire drill strikes: False poisons the gradients before the optimizer step (the optimizer reduces
+    # them itself); a backend whose gradients are reduced inside its backward schedule poisons the losses instead.
+    fire_drill_poisons_loss = False
+
     def __init__(self, config: Any, optimizer: Any, lr_scheduler: Any = None, rank: int = 0, role: str = "actor"):
         self.config = config
         self.role = role
@@ -211,9 +215,10 @@ class BasePPOActor(ABC):
         """One optimizer step, reported as an :class:`UpdateOutcome` (computed from globally reduced values)."""
         self.num_update_steps += 1
         step = self.num_update_steps
-        self.fault_injector.maybe_poison(step, self._trainable_parameters())
+        if not self.fire_drill_poisons_loss:
+            self.fault_injector.maybe_poison(step, self._trainable_parameters())
         loss_scale = self._current_loss_scale()  # the scale this step's gradients were computed with
-        successful, grad_norm, num_zeros = self.optimizer.step()
+        successful, grad_norm, num_zeros = self._step_optimizer()
         return UpdateOutcome(
             successful=bool(successful),
             grad_norm=None if grad_norm is None else float(grad_norm),
@@ -223,6 +228,10 @@ class BasePPOActor(ABC):
             step=step,
             role=self.role,
         )
+
+    def _step_optimizer(self) -> tuple[bool, float | None, int | None]:
+        """The optimizer's ``step()``; a backend may guard it (see MegatronPPOActor)."""
+        return self.optimizer.step()
 
     def _update_batch_keys(self) -> list[str]:
         keys = list(UPDATE_KEYS)
@@ -241,7 +250,7 @@ class BasePPOActor(ABC):
             )
         epochs = int(_cfg(self.config, "ppo_epochs", 1))
         shuffle = bool(_cfg(self.config, "shuffle", False))
-        seed = int(_cfg(self.config, "data_loader_seed", 0)) + self.num_update_steps if shuffle else None
+        seed = int(_cfg(self.config, "seed", 0)) + self.num_update_steps if shuffle else None
         metrics: dict[str, list[float]] = defaultdict(list)
         num_successful = 0
         for mini in data.make_iterator(self.mini_batch_size, epochs, seed=seed):

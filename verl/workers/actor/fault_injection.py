@@ -2,8 +2,11 @@
 
 Before a long run a user wants to see their update-failure policy act: skip, warn, count, stop. Setting
 ``fault_injection.nonfinite_grad_steps: [3, 4]`` poisons the gradients of update steps 3 and 4 (1-based, counted
-like ``UpdateOutcome.step``) right before the optimizer step, exactly where a real fp16 overflow shows up; the
-gradient all-reduce then carries the NaN to every rank, as a real overflow on one rank would.
+like ``UpdateOutcome.step``) before the gradient all-reduce, which then carries the NaN to every rank, as a real
+overflow on one rank would. Where the optimizer reduces the gradients itself (the ``dp`` backend and the megatron
+CPU path: :class:`~verl.utils.amp_optimizer.AmpOptimizer`) the gradients are poisoned right before its step. On the
+megatron GPU path megatron-core's DDP reduces them inside the forward/backward schedule, so there the drill poisons
+the micro-batch losses instead (:meth:`FaultInjector.poison_loss`): the backward then produces the NaN gradients.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class FaultInjector:
         self.steps = set(_int_list(list(nonfinite_grad_steps or []), f"{config_prefix}.nonfinite_grad_steps", 1))
         self.ranks = _int_list(ranks, f"{config_prefix}.ranks", 0)
         self.rank = rank
+        self._last_poisoned_loss_step: int | None = None
         if self.steps:
             logger.warning(
                 "Fire drill on: update steps %s get non-finite gradients on %s.",
@@ -89,3 +93,12 @@ class FaultInjector:
                 logger.warning("Fire drill: poisoned the gradients of update step %d on rank %d.", step, self.rank)
                 return True
         return False
+
+    def poison_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times NaN when ``step`` is a drill step for this rank (its backward gives NaN gradients)."""
+        if not self.applies_to(step):
+            return loss
+        if step != self._last_poisoned_loss_step:
+            self._last_poisoned_loss_step = step
+            logger.warning("Fire drill: poisoned the losses of update step %d on rank %d.", step, self.rank)
+        return loss * float("nan")

@@ -55,6 +55,7 @@ class MegatronPPOActor(BasePPOActor):
         self.use_megatron_schedule = use_megatron_schedule
         self.min_loss_scale = min_loss_scale
         self.training_path = "GPU path" if use_megatron_schedule else "CPU path"
+        self.fire_drill_poisons_loss = use_megatron_schedule  # DDP reduces the gradients inside the schedule
         super().__init__(config, optimizer, lr_scheduler, rank=rank, role=role)
 
     def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -76,6 +77,34 @@ class MegatronPPOActor(BasePPOActor):
         if self.min_loss_scale is not None or self.use_megatron_schedule:
             return self.min_loss_scale  # megatron-core's scaler floor, from the same config
         return super()._min_loss_scale()
+
+    def _step_optimizer(self) -> tuple[bool, float | None, int | None]:
+        """megatron-core's ``step()``, refused when bf16/fp32 gradients are not finite.
+
+        With a loss scaler (fp16) megatron-core checks the gradients itself and reports ``(False, None, None)``.
+        Without one (bf16, fp32) it clips and applies non-finite gradients and reports success with a NaN norm,
+        so the weights would be lost before the handler could decide. Here the check comes first: a non-finite
+        gradient skips the step and reports ``(False, nan, None)``, as the adapter path does.
+        """
+        if self.use_megatron_schedule and self.dtype != torch.float16 and not self._main_grads_are_finite():
+            return False, float("nan"), None
+        return self.optimizer.step()
+
+    def _main_grads_are_finite(self) -> bool:
+        """Whether every reduced gradient is finite, agreed over the model-parallel group (one host sync)."""
+        grads = [g for p in self.model.parameters() if (g := getattr(p, "main_grad", p.grad)) is not None]
+        if not grads:
+            return True
+        nonfinite = (~torch.isfinite(torch.stack(torch._foreach_norm(grads)))).any().float().reshape(1)
+        if torch.distributed.is_initialized():
+            from megatron.core import parallel_state
+
+            if parallel_state.model_parallel_is_initialized():
+                # data-parallel ranks already agree (their gradients are reduced); tensor/pipeline ranks hold
+                # different shards and must agree too
+                group = parallel_state.get_model_parallel_group()
+                torch.distributed.all_reduce(nonfinite, op=torch.distributed.ReduceOp.MAX, group=group)
+        return nonfinite.item() == 0
 
     def _backward_mini_batch(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
         if self.use_megatron_schedule:
@@ -115,6 +144,7 @@ class MegatronPPOActor(BasePPOActor):
                     calculate_entropy=float(self.config.get("entropy_coeff", 0.0)) != 0,
                 )
                 loss, metrics = self._loss_from_log_probs(micro, log_prob, entropy)
+                loss = self.fault_injector.poison_loss(self.num_update_steps + 1, loss)  # this mini-batch's update
                 all_metrics.append(metrics)
                 # The schedule divides by the number of micro-batches; undo that and weight by the micro-batch's
                 # share instead, as the CPU path does.

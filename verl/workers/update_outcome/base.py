@@ -93,13 +93,13 @@ class UpdateOutcomeHandler:
             ValueError: a counter is missing or is not a non-negative integer.
         """
         for key in ("num_total_failures", "num_consecutive_failures", "last_step"):
-            setattr(self, key, _read_counter(state, key, type(self).__name__))
+            setattr(self, key, read_counter(state, key, type(self).__name__))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.state_dict()})"
 
 
-def _read_counter(state: dict[str, Any], key: str, owner: str) -> int:
+def read_counter(state: dict[str, Any], key: str, owner: str) -> int:
     if key not in state:
         raise ValueError(f"{owner} state is missing {key!r}; got keys {sorted(state)}.")
     value = state[key]

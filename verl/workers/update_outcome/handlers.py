@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from verl.workers.update_outcome.base import UpdateOutcomeHandler, register_update_outcome_handler
+from verl.workers.update_outcome.base import UpdateOutcomeHandler, read_counter, register_update_outcome_handler
 from verl.workers.update_outcome.outcome import (
     UpdateFailedError,
     UpdateOutcome,
@@ -119,4 +119,13 @@ class FP16WarnAndCountHandler(UpdateOutcomeHandler):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         # A checkpoint written under another policy has no such counter: the consecutive count is the safe bound.
-        self.num_consecutive_unabsorbed = int(state.get("num_consecutive_unabsorbed", self.num_consecutive_failures))
+        if "num_consecutive_unabsorbed" not in state:
+            self.num_consecutive_unabsorbed = self.num_consecutive_failures
+            return
+        unabsorbed = read_counter(state, "num_consecutive_unabsorbed", type(self).__name__)
+        if unabsorbed > self.num_consecutive_failures:
+            raise ValueError(
+                f"{type(self).__name__} state has num_consecutive_unabsorbed={unabsorbed} > "
+                f"num_consecutive_failures={self.num_consecutive_failures}; the checkpoint is inconsistent."
+            )
+        self.num_consecutive_unabsorbed = unabsorbed
