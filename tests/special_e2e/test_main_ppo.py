@@ -44,10 +44,16 @@ def train_records(out_dir: Path) -> list[dict]:
 
 
 def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
-    proc, out_dir = run_main(tmp_path, "trainer.total_training_steps=3", "trainer.plot=true")
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=3",
+        "trainer.plot=true",
+        "actor_rollout_ref.actor.recompute_old_log_prob=true",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = train_records(out_dir)
     assert [r["step"] for r in records] == [1, 2, 3]
+    assert all("timing_s/old_log_prob" in r for r in records)  # the separate pass, asked for
     # fp16 from loss scale 2**32: the first update overflows and is skipped, and the policy counts it
     assert records[0]["actor/update_failed"] == 1.0
     assert records[0]["actor/loss_scale"] == 2.0**32
@@ -56,12 +62,21 @@ def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
     assert (out_dir / "training_curves.png").stat().st_size > 0
 
 
-def test_megatron_fp16_run(tmp_path):
-    proc, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", "actor_rollout_ref.actor.strategy=megatron")
+def test_megatron_fp16_run_with_a_kl_loss(tmp_path):
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.use_kl_loss=true",  # builds the frozen fp16 reference and uses its log-probs
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = train_records(out_dir)
     assert len(records) == 2 and records[0]["actor/update_failed"] == 1.0
     assert "CPU path" in proc.stderr + proc.stdout
+    # the reference starts as the actor, so the first step's KL term is exactly zero
+    assert records[0]["actor/kl_loss"] == 0.0 and "timing_s/ref" in records[0]
+    # one on-policy update per step: no separate old-log-prob pass, and the ratio is exactly 1
+    assert "timing_s/old_log_prob" not in records[0] and records[-1]["actor/ppo_kl"] == 0.0
 
 
 def test_resume_continues_from_the_saved_step_with_the_same_data(tmp_path):

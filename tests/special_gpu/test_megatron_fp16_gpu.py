@@ -6,23 +6,14 @@ Run by tests/special_gpu/run_all.sh on a machine with a CUDA device; skipped els
 import pytest
 import torch
 
-from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+from tests.workers.actor.conftest import actor_config, megatron_world_of_one, ppo_batch, tiny_qwen2  # noqa: F401
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("megatron_world_of_one"),
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def megatron_world_of_one():
-    yield
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 def gpu_actor(hf_model=None, dtype="float16", **overrides):

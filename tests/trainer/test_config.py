@@ -120,3 +120,26 @@ def test_policy_mapping_from_the_command_line():
 def test_bad_config_fails_with_the_key_and_the_fix(overrides, match):
     with pytest.raises(ValueError, match=match):
         validate_config(compose_config(overrides), default_config())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], False),  # defaults: 16 prompts per step, mini-batches of 16, one epoch -> one on-policy update
+        (["actor_rollout_ref.actor.ppo_epochs=2"], True),
+        (["actor_rollout_ref.actor.ppo_mini_batch_size=8"], True),  # two updates per step
+        (["actor_rollout_ref.actor.recompute_old_log_prob=true"], True),
+    ],
+)
+def test_old_log_prob_pass_runs_unless_the_step_is_one_on_policy_update(overrides, expected):
+    from verl.trainer.config_validation import computes_old_log_prob
+
+    cfg = compose_config(overrides)
+    validate_config(cfg, default_config())
+    assert computes_old_log_prob(cfg) is expected
+
+
+def test_recompute_old_log_prob_false_is_rejected():
+    cfg = compose_config(["actor_rollout_ref.actor.recompute_old_log_prob=false"])
+    with pytest.raises(ValueError, match=r"recompute_old_log_prob=False is not supported; use one of \['auto', True\]"):
+        validate_config(cfg, default_config())

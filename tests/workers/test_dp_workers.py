@@ -1,5 +1,6 @@
 """DPActorRolloutRefWorker outside a worker group (rank 0 of 1): what init_model builds from the trainer config."""
 
+import torch
 from hydra import compose, initialize_config_dir
 
 from verl.trainer.main_ppo import CONFIG_DIR
@@ -30,3 +31,17 @@ def test_reference_uses_its_own_micro_batch_and_has_no_optimizer():
 def test_reference_is_built_only_when_asked_or_needed():
     assert make_worker().ref is None  # auto, and the default has no KL loss
     assert make_worker("actor_rollout_ref.actor.use_kl_loss=true").ref is not None
+
+
+def test_fp16_reference_log_probs_equal_the_untrained_actor():
+    # The frozen reference (no trainable parameters) must still run under fp16 autocast, and before any update
+    # it holds the actor's own weights, so both give the same log-probs.
+    from verl.trainer.data_setup import build_data
+
+    worker = make_worker("actor_rollout_ref.actor.dtype=float16", "actor_rollout_ref.actor.use_kl_loss=true")
+    prompts = next(build_data(worker.config, 1).train_loader)
+    samples = worker.generate_sequences(prompts)
+    ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
+    actor = worker.compute_log_prob(samples).batch["old_log_probs"]
+    assert ref.shape == samples.batch["responses"].shape
+    assert torch.equal(ref, actor)

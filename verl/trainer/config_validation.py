@@ -21,6 +21,7 @@ UNION_KEYS = {
     "actor_rollout_ref.actor.megatron.use_megatron_optimizer",
     "critic.megatron.use_megatron_optimizer",
     "actor_rollout_ref.ref.enable",
+    "actor_rollout_ref.actor.recompute_old_log_prob",
     "critic.enable",
 }
 STRATEGIES = ("dp", "megatron")
@@ -119,6 +120,7 @@ def validate_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None
     _one_of(cfg.critic.dtype, DTYPES, "critic.dtype")
     if cfg.critic.strategy is not None:
         _one_of(cfg.critic.strategy, STRATEGIES, "critic.strategy")
+    _one_of(actor.recompute_old_log_prob, ("auto", True), "actor_rollout_ref.actor.recompute_old_log_prob")
     _one_of(cfg.actor_rollout_ref.rollout.name, ROLLOUT_REGISTRY.names(), "actor_rollout_ref.rollout.name")
     if cfg.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
         raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
@@ -182,3 +184,17 @@ def check_resume_path(resume_from_path: str | None) -> None:
             f"trainer.resume_from_path={path} is not a complete checkpoint (no trainer_state.pt); point it at a "
             f"global_step_N directory written by the trainer, or use trainer.resume_mode=auto."
         )
+
+
+def computes_old_log_prob(cfg: DictConfig) -> bool:
+    """Whether a training step runs the separate old-log-prob pass (``actor.recompute_old_log_prob``).
+
+    ``auto`` skips it when the step makes exactly one policy update (``ppo_epochs`` 1 and ``ppo_mini_batch_size``
+    equal to ``data.train_batch_size``): that update runs on the weights that sampled the batch, so its own
+    detached log-probs are the old log-probs and the ratio is exactly 1, as in an on-policy GRPO step.
+    """
+    actor = cfg.actor_rollout_ref.actor
+    if actor.recompute_old_log_prob is True:
+        return True
+    one_update = int(actor.ppo_epochs) == 1 and int(actor.ppo_mini_batch_size) == int(cfg.data.train_batch_size)
+    return not one_update

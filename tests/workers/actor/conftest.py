@@ -1,5 +1,6 @@
 """Shared fixtures for the actor tests: a tiny random Qwen2 model and a PPO batch in the rollout layout."""
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -7,6 +8,17 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from verl.protocol import DataProto
 
 VOCAB, PROMPT, RESPONSE = 32, 4, 4
+
+
+@pytest.fixture(scope="module")
+def megatron_world_of_one():
+    """megatron-core's groups exist only while one module's tests run (other tests expect no process group)."""
+    yield
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def tiny_qwen2(seed=0, vocab=VOCAB):

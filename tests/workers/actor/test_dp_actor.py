@@ -167,3 +167,26 @@ def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
     assert resumed.num_update_steps == straight.num_update_steps == 20
     assert resumed.optimizer.get_loss_scale() == straight.optimizer.get_loss_scale()
     assert resumed.update_outcome_handler.state_dict() == straight.update_outcome_handler.state_dict()
+
+
+def test_one_on_policy_update_without_old_log_probs_equals_the_separate_pass():
+    # One mini-batch, one epoch: the update's own detached log-probs are the old log-probs, so leaving them out
+    # gives the same loss (ratio exactly 1), the same gradient and so the same weights, up to rounding.
+    with_pass, without_pass = make_actor(), make_actor()
+    batch = batch_with_old_log_probs(with_pass)
+    metrics_with = with_pass.update_policy(batch)
+    batch.pop(batch_keys=["old_log_probs"])
+    metrics_without = without_pass.update_policy(batch)
+    assert metrics_without["actor/ppo_kl"] == 0.0 and metrics_without["actor/pg_clipfrac"] == 0.0
+    assert metrics_without["actor/pg_loss"] == pytest.approx(metrics_with["actor/pg_loss"], abs=1e-6)
+    for a, b in zip(with_pass.actor_module.parameters(), without_pass.actor_module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{"ppo_epochs": 2}, {"ppo_mini_batch_size": 4}])
+def test_more_than_one_update_needs_old_log_probs(overrides):
+    actor = make_actor(**overrides)
+    batch = ppo_batch()
+    batch.pop(batch_keys=["old_log_probs"])
+    with pytest.raises(ValueError, match="no old_log_probs, which only a single on-policy update"):
+        actor.update_policy(batch)

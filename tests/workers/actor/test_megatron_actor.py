@@ -11,15 +11,7 @@ from verl.workers.actor.megatron_builder import build_megatron_actor
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
 
 
-@pytest.fixture(scope="module", autouse=True)
-def megatron_world_of_one():
-    """megatron-core's groups exist only while these tests run (other tests expect no process group)."""
-    yield
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("megatron_world_of_one")
 
 
 def megatron_config(**overrides):

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from verl.protocol import DataProto
-from verl.trainer.config_validation import check_resume_path
+from verl.trainer.config_validation import check_resume_path, computes_old_log_prob
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.utils.checkpoint import atomic_directory, find_latest_checkpoint, load_state, save_state
 from verl.utils.tracking import Tracking
@@ -75,6 +75,7 @@ class RayPPOTrainer:
         self.global_step = 0
         self.last_checkpoint: Path | None = None
         self.use_ref = self._ref_enabled()
+        self.computes_old_log_prob = computes_old_log_prob(config)
 
     def _ref_enabled(self) -> bool:
         enable = self.config.actor_rollout_ref.ref.enable
@@ -136,8 +137,9 @@ class RayPPOTrainer:
         with self._timed(timing, "gen"):
             batch = self.actor_wg.generate_sequences(prompts)
         batch.meta_info["temperature"] = float(cfg.actor_rollout_ref.rollout.temperature)
-        with self._timed(timing, "old_log_prob"):
-            batch = batch.union(self.actor_wg.compute_log_prob(batch))
+        if self.computes_old_log_prob:
+            with self._timed(timing, "old_log_prob"):
+                batch = batch.union(self.actor_wg.compute_log_prob(batch))
         if self.use_ref:
             with self._timed(timing, "ref"):
                 batch = batch.union(self.actor_wg.compute_ref_log_prob(batch))

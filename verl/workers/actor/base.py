@@ -38,7 +38,6 @@ UPDATE_KEYS = [
     "position_ids",
     "responses",
     "response_mask",
-    "old_log_probs",
     "advantages",
 ]
 # Handler metrics are counters: a training step reports their last value, and whether any update failed.
@@ -126,7 +125,7 @@ class BasePPOActor(ABC):
         """Mixed-precision context for forward passes (fp32 master weights, fp16/bf16 compute)."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
-        device = self._trainable_parameters()[0].device.type
+        device = next(self.model_module().parameters()).device.type  # a frozen reference has no trainable ones
         return torch.autocast(device_type=device, dtype=self.dtype)
 
     def _current_loss_scale(self) -> float | None:
@@ -175,8 +174,11 @@ class BasePPOActor(ABC):
         log_prob = log_prob.float()
         mask = batch["response_mask"]
         policy_loss_fn = get_policy_loss_fn(_cfg(cfg, "policy_loss", "vanilla") or "vanilla")
+        # Without a separate old-log-prob pass the update is on-policy (checked in update_policy): the weights that
+        # sampled the batch are the ones computing log_prob now, so the old log-probs are log_prob itself.
+        old_log_prob = batch["old_log_probs"] if "old_log_probs" in batch.keys() else log_prob.detach()
         pg_loss, pg_metrics = policy_loss_fn(
-            batch["old_log_probs"], log_prob, batch["advantages"], mask, loss_agg_mode=loss_agg_mode, config=cfg
+            old_log_prob, log_prob, batch["advantages"], mask, loss_agg_mode=loss_agg_mode, config=cfg
         )
         loss = pg_loss
         metrics = {f"{self.role}/pg_loss": pg_loss.item()}
@@ -233,8 +235,19 @@ class BasePPOActor(ABC):
         """The optimizer's ``step()``; a backend may guard it (see MegatronPPOActor)."""
         return self.optimizer.step()
 
-    def _update_batch_keys(self) -> list[str]:
+    def _update_batch_keys(self, data: DataProto) -> list[str]:
+        """The batch keys the update reads; ``old_log_probs`` may be left out only for one on-policy update."""
         keys = list(UPDATE_KEYS)
+        if "old_log_probs" in data.batch.keys():
+            keys.append("old_log_probs")
+        else:
+            epochs = int(_cfg(self.config, "ppo_epochs", 1))
+            if epochs != 1 or len(data) != self.mini_batch_size:
+                raise ValueError(
+                    f"{self.role}: the batch has no old_log_probs, which only a single on-policy update can do "
+                    f"without (ppo_epochs 1 and one mini-batch); here ppo_epochs={epochs} and {len(data)} samples "
+                    f"in mini-batches of {self.mini_batch_size}. Compute them with compute_log_prob first."
+                )
         if _cfg(self.config, "use_kl_loss", False):
             keys.append("ref_log_prob")
         return keys
@@ -242,7 +255,7 @@ class BasePPOActor(ABC):
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """Train on ``data`` (rows of this rank) and return the step's metrics, reduced over its updates."""
         temperature = data.meta_info.get("temperature", 1.0)
-        data = data.select(batch_keys=self._update_batch_keys())
+        data = data.select(batch_keys=self._update_batch_keys(data))
         if len(data) % self.mini_batch_size:
             raise ValueError(
                 f"{self.role}: {len(data)} samples on this rank do not split into mini-batches of "

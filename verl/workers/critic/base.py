@@ -134,7 +134,7 @@ class BasePPOCritic(BasePPOActor):
         }
         return vf_loss, metrics
 
-    def _update_batch_keys(self) -> list[str]:
+    def _update_batch_keys(self, data: DataProto) -> list[str]:
         return list(CRITIC_UPDATE_KEYS)
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
