@@ -120,6 +120,7 @@ def parse_args(argv=None):
     parser.add_argument("--model-path", default="default", help="actor_rollout_ref.model.path (for the FLOP count)")
     parser.add_argument("--ray-cpus", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument("--tag", default="", help="suffix of the result file name (for runs with overrides)")
     parser.add_argument("overrides", nargs="*", help="extra trainer overrides, key=value")
     return parser.parse_args(argv)
 
@@ -146,7 +147,8 @@ def main(argv=None) -> int:
         "summary": summary,
         "records": records,
     }
-    print(f"wrote {common.write_results(f'bench_train_loop_{args.strategy}_{args.dtype}', payload)}")
+    name = f"bench_train_loop_{args.strategy}_{args.dtype}" + (f"_{args.tag}" if args.tag else "")
+    print(f"wrote {common.write_results(name, payload)}")
     return 0
 
 

@@ -58,6 +58,7 @@ def verl_overrides(args, data_file: Path, log_dir: Path) -> list[str]:
         f"data.max_prompt_length={args.max_prompt_length}",
         f"data.max_response_length={args.response_length}",
         f"actor_rollout_ref.rollout.n={args.group_size}",
+        f"actor_rollout_ref.rollout.name={args.rollout}",
         "actor_rollout_ref.rollout.temperature=1.0",
         f"{actor}.strategy=dp",
         f"{actor}.dtype={args.dtype}",
@@ -216,6 +217,12 @@ def parse_args(argv=None):
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--clip-ratio", type=float, default=0.2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument(
+        "--rollout",
+        default="hf",
+        choices=["hf", "naive"],
+        help="verl's rollout: hf (transformers generate with a KV cache, the engine TRL uses) or naive",
+    )
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--trl-child", default=None, help=argparse.SUPPRESS)
