@@ -10,14 +10,16 @@
 # `pytest.mark.gpu` tests with `-m gpu` as one check. A skipped GPU test counts as a failure here: on a CUDA
 # machine a skip means a check did not run.
 #
-# Offline machines: if PyPI cannot be reached, a wheelhouse (WHEELHOUSE=<dir of wheels>, default
-# tests/special_gpu/wheels) is used instead; packages already installed are kept.
+# Offline machines: a wheelhouse (WHEELHOUSE=<dir of wheels>, default tests/special_gpu/wheels, filled beforehand
+# on a machine with PyPI by tests/special_gpu/fetch_wheels.sh) is installed with --no-deps into SITE_DIR and put
+# on PYTHONPATH with verl itself; without one, pip installs verl with its extras. The machine's packages are kept.
 #
 # Usage: bash tests/special_gpu/run_all.sh            (PYTHON=... to pick the interpreter)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 WHEELHOUSE=${WHEELHOUSE:-tests/special_gpu/wheels}
+SITE_DIR=${SITE_DIR:-/tmp/verl_gpu_site}
 LOG_DIR=$(mktemp -d /tmp/verl_gpu_checks.XXXXXX)
 # the whole run stays inside this many seconds (the 8-minute call, less start-up and transfers)
 DEADLINE_S=${GPU_CHECKS_DEADLINE_S:-450}
@@ -55,17 +57,19 @@ else
     echo "GPU checks: $failures failed"
     exit "$failures"
   fi
-  # the constraint pins torch to the installed build, so pip fails rather than download another torch
-  constraints=$LOG_DIR/constraints.txt
-  echo "torch==${torch_version}" >"$constraints"
-  pip_args=(-m pip install --disable-pip-version-check --progress-bar off -c "$constraints")
   ok=1
-  if timeout "$(time_left 180)" $PYTHON "${pip_args[@]}" --timeout 20 --retries 1 -e ".[megatron,test]" >>"$install_log" 2>&1; then
-    ok=0
-  elif [ -d "$WHEELHOUSE" ]; then
-    echo "PyPI install failed; trying the wheelhouse $WHEELHOUSE" >>"$install_log"
-    timeout "$(time_left 120)" $PYTHON "${pip_args[@]}" --no-index --find-links "$WHEELHOUSE" --no-build-isolation \
-      -e ".[megatron,test]" >>"$install_log" 2>&1 && ok=0
+  if [ -d "$WHEELHOUSE" ] && ls "$WHEELHOUSE"/*.whl >/dev/null 2>&1; then
+    # offline machines: the wheels of tests/special_gpu/fetch_wheels.sh, beside the machine's own packages
+    echo "installing the wheelhouse $WHEELHOUSE into $SITE_DIR" >>"$install_log"
+    timeout "$(time_left 120)" $PYTHON -m pip install --disable-pip-version-check -q --no-index --no-deps \
+      --no-compile --no-cache-dir --upgrade --target "$SITE_DIR" "$WHEELHOUSE"/*.whl >>"$install_log" 2>&1 && ok=0
+    export PYTHONPATH=$SITE_DIR:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  else
+    # the constraint pins torch to the installed build, so pip fails rather than download another torch
+    constraints=$LOG_DIR/constraints.txt
+    echo "torch==${torch_version}" >"$constraints"
+    timeout "$(time_left 180)" $PYTHON -m pip install --disable-pip-version-check --progress-bar off \
+      -c "$constraints" --timeout 20 --retries 1 -e ".[megatron,test]" >>"$install_log" 2>&1 && ok=0
   fi
   if [ "$ok" != 0 ]; then
     # last resort: the machine may already hold the dependencies; put verl itself on the path

@@ -10,7 +10,6 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.megatron_builder import build_megatron_actor
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
 
-
 pytestmark = pytest.mark.usefixtures("megatron_world_of_one")
 
 
