@@ -95,6 +95,10 @@ def test_policy_mapping_from_the_command_line():
         (["actor_rollout_ref.rollout.name=vllm"], r"rollout.name='vllm' is not supported"),
         (["trainer.logger=[console,mlflow]"], "trainer.logger"),
         (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0"], "ref.log_prob_micro_batch_size_per_gpu"),
+        (
+            ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.enable=false"],
+            "use_kl_loss=true needs reference log-probs",
+        ),
         (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
         (["algorithm.adv_estimator=gae", "critic.enable=false"], "needs a value model"),
         (

@@ -160,6 +160,19 @@ def validate_config(cfg: DictConfig, defaults: DictConfig | None = None) -> None
     build_update_outcome_handler(cfg.critic.update_failure_policy, dtype=cfg.critic.dtype, role="critic")
     if needs_critic(cfg) is False and cfg.algorithm.adv_estimator == "gae":
         raise ValueError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true (or auto).")
+    if actor.use_kl_loss and not needs_reference(cfg):
+        raise ValueError(
+            "actor_rollout_ref.actor.use_kl_loss=true needs reference log-probs: set actor_rollout_ref.ref.enable "
+            "to auto or true."
+        )
+
+
+def needs_reference(cfg: DictConfig) -> bool:
+    """Whether the actor workers build a frozen reference model (``ref.enable``; auto: when a KL loss needs it)."""
+    enable = cfg.actor_rollout_ref.ref.enable
+    if enable == "auto":
+        return bool(cfg.actor_rollout_ref.actor.use_kl_loss)
+    return bool(enable)
 
 
 def needs_critic(cfg: DictConfig) -> bool:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
+from verl.trainer.config_validation import needs_reference
 from verl.workers.actor.base import BasePPOActor
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ class ActorRolloutRefWorker(Worker):
         actor_config = per_rank_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n, self.world_size)
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
-        if self._needs_ref():
+        if needs_reference(cfg):
             ref_config = actor_config.copy()
             ref_config.log_prob_micro_batch_size_per_gpu = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
             self.ref = self._build_actor(ref_config, device, trainable=False)
@@ -118,12 +119,6 @@ class ActorRolloutRefWorker(Worker):
     def _tokenizer_path(self) -> str:
         model_cfg = self.config.actor_rollout_ref.model
         return model_cfg.tokenizer_path or model_cfg.path
-
-    def _needs_ref(self) -> bool:
-        enable = self.config.actor_rollout_ref.ref.enable
-        if enable == "auto":
-            return bool(self.config.actor_rollout_ref.actor.use_kl_loss)
-        return bool(enable)
 
     def _rollout_model(self):
         """What the rollout samples from: the actor's own forward pass, in the training precision."""

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from verl.protocol import DataProto
-from verl.trainer.config_validation import check_resume_path, computes_old_log_prob
+from verl.trainer.config_validation import check_resume_path, computes_old_log_prob, needs_reference
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl.utils.checkpoint import atomic_directory, find_latest_checkpoint, load_state, save_state
 from verl.utils.tracking import Tracking
@@ -74,12 +74,8 @@ class RayPPOTrainer:
         self.total_training_steps = total_training_steps
         self.global_step = 0
         self.last_checkpoint: Path | None = None
-        self.use_ref = self._ref_enabled()
+        self.use_ref = needs_reference(config)
         self.computes_old_log_prob = computes_old_log_prob(config)
-
-    def _ref_enabled(self) -> bool:
-        enable = self.config.actor_rollout_ref.ref.enable
-        return bool(self.config.actor_rollout_ref.actor.use_kl_loss) if enable == "auto" else bool(enable)
 
     # ------------------------------------------------------------------ the loop
 

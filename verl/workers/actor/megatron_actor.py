@@ -55,8 +55,11 @@ class MegatronPPOActor(BasePPOActor):
         self.use_megatron_schedule = use_megatron_schedule
         self.min_loss_scale = min_loss_scale
         self.training_path = "GPU path" if use_megatron_schedule else "CPU path"
-        self.fire_drill_poisons_loss = use_megatron_schedule  # DDP reduces the gradients inside the schedule
         super().__init__(config, optimizer, lr_scheduler, rank=rank, role=role)
+
+    @property
+    def fire_drill_poisons_loss(self) -> bool:
+        return self.use_megatron_schedule  # megatron-core's DDP reduces the gradients inside the schedule
 
     def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)
