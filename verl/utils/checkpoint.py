@@ -1,26 +1,80 @@
-"""Checkpoint files: written atomically, read without unpickling arbitrary objects.
+"""Checkpoint files: written atomically, read without unpickling arbitrary objects, checked before a resume.
 
 A checkpoint directory is assembled under a temporary name next to its final path and renamed into place only when
 complete, so a crash mid-save never damages the last good checkpoint. Weights go to safetensors; training state
 (optimizer moments, loss scaler, LR schedule, handler counters, data position) to ``torch.save`` files made of
 tensors and plain Python values, which load with ``torch.load(..., weights_only=True)``.
+
+Layout of one checkpoint (``roles`` are the worker groups that saved into it, ``actor`` and optionally ``critic``)::
+
+    global_step_N/
+        trainer_state.pt          # the driver's state (step, data position)
+        <role>/model.safetensors  # weights
+        <role>/train_state.pt     # optimizer, loss scaler, LR schedule, handler counters
+        <role>/rng_state_rank<R>.pt  # optional: rank R's random state (torch RNG, rollout sampler)
+
+A file that is missing, truncated or holds anything but tensors and plain values raises :class:`CheckpointError`,
+which names the file and says how to resume from another checkpoint or start fresh. Nothing read here is ever
+unpickled with ``weights_only=False``. Interrupted saves leave ``.global_step_N.tmp-*`` and ``.global_step_N.old-*``
+directories behind; :func:`remove_save_debris` clears them at start-up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
+import pickle
 import re
 import shutil
+import struct
 import tempfile
-from collections.abc import Iterator
+import warnings
+import zipfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+logger = logging.getLogger(__name__)
+
 STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
+# what atomic_directory leaves behind when a save is interrupted (see remove_save_debris)
+TMP_DEBRIS_PATTERN = re.compile(r"^\.(global_step_\d+)\.tmp-.+$")
+OLD_DEBRIS_PATTERN = re.compile(r"^\.(global_step_\d+)\.old-.+$")
+
+TRAINER_STATE_FILE = "trainer_state.pt"
+WEIGHTS_FILE = "model.safetensors"
+TRAIN_STATE_FILE = "train_state.pt"
+RNG_STATE_GLOB = "rng_state_rank*.pt"
+
+_RESUME_ADVICE = (
+    "Resume from another checkpoint with `trainer.resume_mode=resume_path trainer.resume_from_path=<global_step_N "
+    "directory>`, or start fresh with `trainer.resume_mode=disable`."
+)
+# lines of torch's weights-only error that are advice or boilerplate, not the reason; the advice to retry with
+# weights_only=False is exactly what must not be done with a file of unknown origin
+_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is missing, damaged, or was not written by this trainer.
+
+    Args:
+        path: the offending file.
+        reason: what is wrong with it, in words.
+
+    Attributes:
+        path: the offending file, as a ``Path``.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path = Path(path)
+        super().__init__(f"Checkpoint file {self.path} {reason}. {_RESUME_ADVICE}")
 
 
 @contextlib.contextmanager
@@ -54,7 +108,17 @@ def save_weights(path: str | os.PathLike, state_dict: dict[str, Any]) -> None:
 
 
 def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    return load_file(str(path))
+    """The tensors of a safetensors file, on the CPU.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not a safetensors file.
+    """
+    path = Path(path)
+    _check_is_file(path)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(path, f"is damaged or was not written by this trainer ({err})") from err
 
 
 def save_state(path: str | os.PathLike, state: Any) -> None:
@@ -62,16 +126,211 @@ def save_state(path: str | os.PathLike, state: Any) -> None:
 
 
 def load_state(path: str | os.PathLike) -> Any:
-    return torch.load(str(path), map_location="cpu", weights_only=True)
+    """What :func:`save_state` wrote, loaded with ``weights_only=True`` onto the CPU.
+
+    Raises:
+        CheckpointError: the file is missing, truncated, or holds Python objects other than tensors and plain
+            values (those are refused, never executed).
+    """
+    path = Path(path)
+    _check_is_file(path)
+    return _torch_load(path, mmap=False)
 
 
-def find_latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The ``global_step_N`` directory under ``root`` with the largest N, or None."""
+def _check_is_file(path: Path) -> None:
+    if not path.is_file():
+        raise CheckpointError(path, "is missing (the checkpoint is incomplete)")
+
+
+def _torch_load(path: Path, mmap: bool) -> Any:
+    try:
+        with warnings.catch_warnings():
+            # a foreign pickle triggers torch's "please file an issue" protocol warning before being refused
+            warnings.filterwarnings("ignore", message=r"Detected pickle protocol", category=UserWarning)
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        detail = _unpickling_detail(err)
+        reason = (
+            "holds Python objects other than tensors and plain values, so it was not written by this trainer; "
+            "it was refused without running any of it"
+        )
+        raise CheckpointError(path, f"{reason} ({detail})" if detail else reason) from err
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+        # torch reports a truncated zip as RuntimeError ("failed finding central directory"), OSError or EOFError
+        raise CheckpointError(path, f"is damaged or was not written by this trainer ({_first_line(err)})") from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _unpickling_detail(err: pickle.UnpicklingError) -> str:
+    """The reason in torch's weights-only error, without its advice (retry with weights_only=False, allowlist).
+
+    torch's wording differs between versions and cases, so this keeps one sentence and gives up (empty string)
+    rather than pass on any of the advice.
+    """
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        candidates = text.split(marker, 1)[1].splitlines()
+    else:
+        candidates = [line for line in text.splitlines() if not line.strip().startswith(_TORCH_BOILERPLATE)]
+    line = next((line.strip() for line in candidates if line.strip()), "")
+    sentence = line.split(". ", 1)[0].rstrip(".")
+    return "" if "weights_only" in sentence or "safe_globals" in sentence else sentence
+
+
+def rng_state_path(role_dir: str | os.PathLike, rank: int) -> Path:
+    """Where rank ``rank`` keeps its rollout's random state in a role directory: ``rng_state_rank<R>.pt``.
+
+    Each data-parallel rank samples with its own seed, so each saves its own file; :func:`verify_checkpoint`
+    checks every such file present, and their absence does not make a checkpoint incomplete.
+    """
+    return Path(role_dir) / f"rng_state_rank{int(rank)}.pt"
+
+
+def missing_checkpoint_files(step_dir: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> list[str]:
+    """The files a complete checkpoint has that ``step_dir`` lacks, relative to it; empty when complete.
+
+    A complete checkpoint holds ``trainer_state.pt`` and, for each role, ``<role>/model.safetensors`` and
+    ``<role>/train_state.pt``. Rollout state files are optional (older checkpoints have none).
+
+    Args:
+        step_dir: a ``global_step_N`` directory.
+        roles: the worker groups that save into a checkpoint, e.g. ``("actor", "critic")``.
+    """
+    step_dir = Path(step_dir)
+    expected = [TRAINER_STATE_FILE]
+    for role in roles:
+        expected += [f"{role}/{WEIGHTS_FILE}", f"{role}/{TRAIN_STATE_FILE}"]
+    return [name for name in expected if not (step_dir / name).is_file()]
+
+
+def is_complete_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> bool:
+    """Whether ``step_dir`` holds every file of a checkpoint (see :func:`missing_checkpoint_files`)."""
+    return not missing_checkpoint_files(step_dir, roles)
+
+
+def verify_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> None:
+    """Check, cheaply and in the driver, that every file of a checkpoint exists and is readable.
+
+    ``trainer_state.pt``, each ``<role>/train_state.pt`` and any ``<role>/rng_state_rank*.pt`` must be
+    ``torch.save`` zip archives that load with ``weights_only=True`` (memory-mapped, so tensor data is not read)
+    into a dict; each ``<role>/model.safetensors`` must have a valid header and exactly the size the header
+    declares. Foreign pickles are refused by the weights-only unpickler, never executed.
+
+    Args:
+        step_dir: a ``global_step_N`` directory.
+        roles: the worker groups that save into a checkpoint, e.g. ``("actor", "critic")``.
+
+    Raises:
+        CheckpointError: on the first missing or bad file.
+    """
+    step_dir = Path(step_dir)
+    roles = list(roles)
+    missing = missing_checkpoint_files(step_dir, roles)
+    if missing:
+        raise CheckpointError(step_dir / missing[0], "is missing (the checkpoint is incomplete)")
+    _verify_state_file(step_dir / TRAINER_STATE_FILE)
+    for role in roles:
+        _verify_safetensors(step_dir / role / WEIGHTS_FILE)
+        _verify_state_file(step_dir / role / TRAIN_STATE_FILE)
+        for rng_state in sorted((step_dir / role).glob(RNG_STATE_GLOB)):
+            _verify_state_file(rng_state)
+
+
+def _verify_state_file(path: Path) -> None:
+    # torch.save writes zip archives; anything else is truncated (the zip directory is at the end) or foreign
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            path, "is damaged or was not written by this trainer (not a complete torch.save zip archive)"
+        )
+    state = _torch_load(path, mmap=True)
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            path, f"was not written by this trainer (it holds a {type(state).__name__}, the trainer writes a dict)"
+        )
+
+
+def _verify_safetensors(path: Path) -> None:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(path, f"is damaged or was not written by this trainer ({err})") from err
+    # safetensors checks this too, but the layout is simple enough to check ourselves whatever its version:
+    # 8-byte little-endian header length, the JSON header, then the data the header's offsets cover
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        (header_length,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(header_length))
+    data_length = max(
+        (int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"), default=0
+    )
+    expected = 8 + header_length + data_length
+    if size != expected:
+        raise CheckpointError(
+            path, f"is damaged: {size} bytes, but its header describes {expected} bytes (an interrupted write?)"
+        )
+
+
+def find_latest_checkpoint(root: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> Path | None:
+    """The complete ``global_step_N`` directory under ``root`` with the largest N, or None.
+
+    Incomplete directories (see :func:`missing_checkpoint_files`), such as a non-atomic copy leaves behind, are
+    skipped with a warning naming each one and what it lacks. Completeness is about presence only; call
+    :func:`verify_checkpoint` on the result to check the files can be read.
+
+    Args:
+        root: the checkpoint root, ``trainer.default_local_dir``.
+        roles: the worker groups that save into a checkpoint, e.g. ``("actor", "critic")``.
+    """
     root = Path(root)
     if not root.is_dir():
         return None
+    roles = list(roles)
     steps = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR_PATTERN.match(p.name))]
-    return max(steps)[1] if steps else None
+    for _, path in sorted(steps, reverse=True):
+        missing = missing_checkpoint_files(path, roles)
+        if not missing:
+            return path
+        logger.warning("skipping incomplete checkpoint %s: it lacks %s", path, ", ".join(missing))
+    return None
+
+
+def remove_save_debris(root: str | os.PathLike) -> list[Path]:
+    """Delete what interrupted saves left directly under ``root``; returns the deleted directories, sorted.
+
+    Only directories named ``.global_step_N.tmp-*`` (a save that never finished) and ``.global_step_N.old-*``
+    (the previous copy of a checkpoint being overwritten) are touched; symlinks and files are left alone. One
+    exception keeps a good checkpoint: when ``global_step_N`` itself is absent, the save was interrupted between
+    moving the old copy aside and moving the new one in, so the ``.old-*`` copy is renamed back to
+    ``global_step_N`` (logged, not returned) instead of deleted. Call it at start-up, before anything saves.
+
+    Args:
+        root: the checkpoint root, ``trainer.default_local_dir``; a missing root is not an error.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed: list[Path] = []
+    entries = sorted(root.iterdir())
+    for path in entries:
+        if path.is_symlink() or not path.is_dir():
+            continue
+        old = OLD_DEBRIS_PATTERN.match(path.name)
+        if old and not (root / old.group(1)).exists():
+            os.replace(path, root / old.group(1))
+            logger.warning("restored %s from %s, left by a save interrupted mid-swap", root / old.group(1), path)
+            continue
+        if old or TMP_DEBRIS_PATTERN.match(path.name):
+            shutil.rmtree(path)
+            removed.append(path)
+    if removed:
+        logger.info("removed debris of interrupted checkpoint saves: %s", ", ".join(str(p) for p in removed))
+    return removed
 
 
 def step_of_checkpoint(path: str | os.PathLike) -> int:

@@ -2,6 +2,12 @@
 
 TensorBoard and W&B are optional: asking for one that is not installed is a start-up error that says what to
 install, never a silent no-op.
+
+``metrics.jsonl`` holds one JSON object per line, ``{"step": <int>, "<metric>": <float or "nan"/"inf">, ...}``,
+and is appended to across runs in the same directory. A resumed run replays the steps after its checkpoint, so
+:meth:`Tracking.truncate_after` (or :func:`truncate_jsonl_after_step`) drops the rows past the resumed step
+before they are logged again. A crash can leave the last line half-written; readers drop such a line with a
+warning, and :class:`Tracking` cuts it off before appending so that it never ends up in the middle of the file.
 """
 
 from __future__ import annotations
@@ -9,6 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +61,11 @@ class Tracking:
         self.loggers = loggers
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(self.log_dir / "metrics.jsonl", "a") if "jsonl" in loggers else None  # noqa: SIM115
+        # opened per write rather than held: the file may be rewritten (truncate_jsonl_after_step replaces it),
+        # and a held handle would keep appending to the replaced, unlinked copy
+        self.jsonl_path: Path | None = self.log_dir / "metrics.jsonl" if "jsonl" in loggers else None
+        if self.jsonl_path is not None:
+            _drop_partial_last_line(self.jsonl_path)
         self._tb = None
         self._wandb = None
         if "tensorboard" in loggers:
@@ -72,19 +85,27 @@ class Tracking:
         if "console" in self.loggers:
             shown = " ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
             logger.info("step %d: %s", step, shown)
-        if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}) + "\n")
-            self._jsonl.flush()
+        if self.jsonl_path is not None:
+            row = json.dumps({"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}) + "\n"
+            with open(self.jsonl_path, "a") as handle:
+                handle.write(row)
         if self._tb is not None:
             for key, value in metrics.items():
                 self._tb.add_scalar(key, value, step)
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
 
+    def truncate_after(self, step: int) -> int:
+        """Drop the ``metrics.jsonl`` rows logged after ``step``; call it on resume with the resumed step.
+
+        Only the JSONL sink is rewritten; TensorBoard and W&B keep what they received. Returns the number of rows
+        dropped (0 without the ``jsonl`` sink). See :func:`truncate_jsonl_after_step`.
+        """
+        if self.jsonl_path is None:
+            return 0
+        return truncate_jsonl_after_step(self.jsonl_path, step)
+
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
@@ -92,6 +113,109 @@ class Tracking:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl`` file, in order."""
-    with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The records of a ``metrics.jsonl`` file, in order; a half-written last line is dropped with a warning.
+
+    Raises:
+        ValueError: a line other than the last is not a metrics row (the message names the line).
+    """
+    return [row for _, row in _parse_rows(Path(path))]
+
+
+def truncate_jsonl_after_step(path: str | Path, step: int) -> int:
+    """Rewrite ``metrics.jsonl`` atomically, keeping only the rows whose ``step`` is ``<= step``.
+
+    Kept lines are copied byte for byte, in order. A half-written last line (a crash mid-write) is dropped with a
+    warning. The new content is written to a temporary file in the same directory and renamed over ``path``, so
+    a crash during the rewrite leaves either the old or the new file, never a mix. A missing file is left
+    missing.
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+        step: the last step to keep, the step a run resumes from.
+
+    Returns:
+        The number of complete rows dropped.
+
+    Raises:
+        ValueError: ``step`` is not an integer, or a line other than the last is not a metrics row (the message
+            names the line).
+    """
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ValueError(f"truncate_jsonl_after_step needs an integer step, got {step!r}.")
+    path = Path(path)
+    if not path.exists():
+        return 0
+    rows = _parse_rows(path)
+    kept = [line for line, row in rows if row["step"] <= step]
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        # mkstemp makes the file private (0600); keep the permissions the metrics file had
+        os.chmod(tmp_name, stat.S_IMODE(path.stat().st_mode))
+        with os.fdopen(fd, "w") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    dropped = len(rows) - len(kept)
+    if dropped:
+        logger.info(
+            "dropped %d row(s) after step %d from %s (they are logged again after the resume)", dropped, step, path
+        )
+    return dropped
+
+
+def _parse_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, row)`` for each row of a metrics file; each ``line`` ends with a newline."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        lines = handle.readlines()
+    last_number = max((number for number, line in enumerate(lines, start=1) if line.strip()), default=0)
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        is_last = number == last_number
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            if is_last:
+                logger.warning("dropping the half-written last line of %s: %r", path, line[:80])
+                break
+            raise ValueError(
+                f"{path}: line {number} is not valid JSON ({err}); only the last line can be half-written by a "
+                "crash, so the file was edited or mixed with another one. Fix or delete that line."
+            ) from err
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
+            raise ValueError(
+                f"{path}: line {number} is not a metrics row (a JSON object with an integer `step`): {line[:80]!r}. "
+                "Fix or delete that line."
+            )
+        rows.append((line if line.endswith("\n") else line + "\n", row))
+    return rows
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    """Make ``path`` end with a complete line so that appended rows start on their own line.
+
+    A last line without its newline is either complete (only the newline was lost: one is added) or half-written
+    (it is cut off, with a warning).
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as handle:
+        data = handle.read()
+        if data.endswith(b"\n"):
+            return
+        start = data.rfind(b"\n") + 1
+        tail = data[start:]
+        try:
+            complete = isinstance(json.loads(tail), dict)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError both derive from it
+            complete = False
+        if complete:
+            handle.write(b"\n")
+            return
+        logger.warning("dropping the half-written last line of %s: %r", path, tail[:80])
+        handle.truncate(start)

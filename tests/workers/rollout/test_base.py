@@ -32,15 +32,15 @@ def test_unknown_rollout_names_config_key_and_registered_names():
 def test_register_custom_rollout_and_duplicate_rule():
     @register_rollout("test_custom_rollout")
     class CustomRollout(BaseRollout):
-        def generate_sequences(self, prompts):
-            return prompts
+        def _generate_tokens(self, input_ids, attention_mask, params):
+            return input_ids
 
     assert get_rollout_cls("test_custom_rollout") is CustomRollout
     register_rollout("test_custom_rollout")(CustomRollout)  # same class again: no-op
 
     class OtherRollout(BaseRollout):
-        def generate_sequences(self, prompts):
-            return prompts
+        def _generate_tokens(self, input_ids, attention_mask, params):
+            return input_ids
 
     with pytest.raises(ValueError, match="taken"):
         register_rollout("test_custom_rollout")(OtherRollout)

@@ -6,6 +6,9 @@ chosen by name through ``actor_rollout_ref.rollout.name`` and looked up in :data
 options (``n``, ``temperature``, ``top_k``, ``top_p``, ``response_length``, ``do_sample``, ``seed``) are read from
 the rollout config once, validated here so that every rollout rejects the same bad values with the same message,
 and may be overridden per call through a prompt batch's ``meta_info`` (the trainer does so for greedy validation).
+:class:`BaseRollout` owns the ``generate_sequences`` skeleton shared by every rollout (check, override, repeat,
+generate, post-process); a rollout implements only its token generation, plus ``state_dict``/``load_state_dict``
+when it keeps random state that a resumed run must continue.
 """
 
 from __future__ import annotations
@@ -13,13 +16,15 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
 from verl.utils.registry import Registry
+from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
 
 __all__ = [
     "ROLLOUT_REGISTRY",
@@ -152,19 +157,96 @@ class SamplingParams:
 class BaseRollout(ABC):
     """A generator of responses for a batch of prompts.
 
-    Subclasses implement :meth:`generate_sequences`, which takes a DataProto with left-padded ``input_ids``,
-    ``attention_mask`` and ``position_ids`` (each (B, P)) and returns the shared rollout layout for ``B * n``
-    rows, with the non-tensor fields repeated the same way and ``meta_info`` kept.
+    :meth:`generate_sequences` is the one skeleton every rollout shares: check that the prompts are left-padded,
+    apply the per-call overrides of ``meta_info`` to the sampling options, repeat each prompt ``n`` times
+    interleaved (``[a, a, b, b]``), generate, and build the shared layout with
+    :func:`~verl.workers.rollout.postprocess.build_rollout_output`. A rollout implements only the token
+    generation, :meth:`_generate_tokens`, and calls ``super().__init__`` so that ``params``, ``pad_token_id`` and
+    ``eos_ids`` are set. A rollout with random state of its own (a seeded generator) overrides
+    :meth:`state_dict` and :meth:`load_state_dict`, so that a resumed run continues its random stream instead of
+    replaying it from the start.
+
+    Args:
+        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+            :class:`SamplingParams` for the keys used.
+        pad_token_id: id written after a row's eos and in right padding.
+        eos_token_id: one eos id or a list of them.
     """
 
-    @abstractmethod
+    def __init__(
+        self, config: DictConfig | Mapping[str, Any], pad_token_id: int, eos_token_id: int | Sequence[int]
+    ) -> None:
+        self.params = SamplingParams.from_config(config)
+        self.pad_token_id = int(pad_token_id)
+        self.eos_ids = as_eos_ids(eos_token_id)
+
+    @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate responses for ``prompts``.
+        """Generate ``n`` responses per prompt.
 
         Args:
-            prompts: ``input_ids``, ``attention_mask``, ``position_ids``, each (B, P), left-padded.
+            prompts: ``input_ids``, ``attention_mask``, ``position_ids``, each (B, P), left-padded; its
+                ``meta_info`` may override ``n``, ``temperature``, ``top_k``, ``top_p``, ``do_sample`` for this
+                call.
 
         Returns:
             DataProto of ``B * n`` rows: ``prompts`` (B*n, P), ``responses`` (B*n, R), ``input_ids``,
-            ``attention_mask``, ``position_ids`` (B*n, P+R), ``response_mask`` (B*n, R).
+            ``attention_mask``, ``position_ids`` (B*n, P+R), ``response_mask`` (B*n, R); the non-tensor fields
+            repeated like the prompts, ``meta_info`` kept.
+
+        Raises:
+            ValueError: the prompts lack a key, are not left-padded, or an override is invalid.
         """
+        check_prompts(prompts)
+        params = self.params.with_overrides(prompts.meta_info)
+        repeated = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
+        input_ids = repeated.batch["input_ids"].long()
+        attention_mask = repeated.batch["attention_mask"].long()
+        responses = self._generate_tokens(input_ids, attention_mask, params)
+        return build_rollout_output(repeated, responses, params.response_length, self.pad_token_id, self.eos_ids)
+
+    @abstractmethod
+    def _generate_tokens(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> torch.Tensor:
+        """Generate the raw response tokens for already repeated prompts.
+
+        Args:
+            input_ids: (B*n, P) int64 prompt ids, left-padded.
+            attention_mask: (B*n, P) int64 0/1 mask of the prompts.
+            params: the sampling options of this call (overrides applied).
+
+        Returns:
+            (B*n, L) response tokens with L <= ``params.response_length`` (less only when every row has ended);
+            whatever follows a row's first eos is masked out by the post-processing, so it may be anything.
+        """
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rollout's own random state, made of tensors and plain values (loads with ``weights_only=True``).
+
+        The base rollout has none and returns an empty dict.
+        """
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned, so sampling continues where the saved rollout stopped.
+
+        Raises:
+            ValueError: ``state`` was not written by a rollout of this class.
+        """
+        if state:
+            raise ValueError(
+                f"{type(self).__name__} keeps no random state, but the rollout state to load has keys "
+                f"{sorted(state)}; it was saved by another rollout. Resume with the same "
+                f"`{_CONFIG_PREFIX}.name` as the run that wrote the checkpoint."
+            )
+
+    def _check_state_keys(self, state: Mapping[str, Any], expected: set[str]) -> None:
+        """Raise ``ValueError`` unless ``state`` has exactly the ``expected`` keys."""
+        if not isinstance(state, Mapping) or set(state) != expected:
+            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(
+                f"{type(self).__name__} cannot load rollout state {got}: it expects keys {sorted(expected)}, so the "
+                f"state was saved by another rollout. Resume with the same `{_CONFIG_PREFIX}.name` as the run that "
+                "wrote the checkpoint."
+            )

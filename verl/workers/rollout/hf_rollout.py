@@ -7,7 +7,8 @@ built explicitly and switches off the penalties and warpers a checkpoint's ``gen
 (repetition penalty, min length, typical-p, ...), because the trainer recomputes log-probs from plain softmaxed
 logits and any extra warper would make rollout and trainer disagree. A seed seeds a private generator from which
 each call draws the seed of a forked random state, so seeded runs are reproducible per call order without
-touching torch's global random state. The output goes through the shared post-processing.
+touching torch's global random state; that generator's state is the rollout's ``state_dict``, so a resumed run
+continues the same per-call seeds. The output goes through the shared post-processing.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
-from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
 
 __all__ = ["HFRollout"]
 
@@ -76,14 +75,37 @@ class HFRollout(BaseRollout):
                 f"HFRollout needs a transformers causal LM with .generate(), got {type(module).__name__}; "
                 "use the 'naive' rollout for other models."
             )
+        super().__init__(config, pad_token_id, eos_token_id)
         self.module = module
-        self.params = SamplingParams.from_config(config)
-        self.pad_token_id = int(pad_token_id)
-        self.eos_ids = as_eos_ids(eos_token_id)
         self._seed_source: torch.Generator | None = None
         if self.params.seed is not None:
             self._seed_source = torch.Generator()
             self._seed_source.manual_seed(self.params.seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"seed_source": uint8 tensor}``, the state of the generator that draws each call's seed.
+
+        ``None`` in place of the tensor without ``seed``. Loads with ``torch.load(..., weights_only=True)``.
+        """
+        return {"seed_source": None if self._seed_source is None else self._seed_source.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Set the seed-source generator to the state :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: ``state`` was saved by another rollout, or exactly one of the saved and this rollout is
+                seeded.
+        """
+        self._check_state_keys(state, {"seed_source"})
+        saved = state["seed_source"]
+        if (saved is None) != (self._seed_source is None):
+            raise ValueError(
+                "The rollout state to load and this rollout disagree on seeding (one has "
+                "`actor_rollout_ref.rollout.seed: null`, the other a seed); set the seed as in the run that wrote "
+                "the checkpoint."
+            )
+        if saved is not None:
+            self._seed_source.set_state(saved.to(device="cpu", dtype=torch.uint8))
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         from transformers import GenerationConfig
@@ -98,22 +120,19 @@ class HFRollout(BaseRollout):
         finally:
             self.module.train(was_training)
 
-    @torch.no_grad()
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt with ``generate``.
+    def _generate_tokens(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> torch.Tensor:
+        """Run ``generate``, under a forked random state seeded from the seed source when seeded and sampling.
 
         Args:
-            prompts: ``input_ids``, ``attention_mask``, ``position_ids`` (B, P), left-padded; its ``meta_info``
-                may override ``n``, ``temperature``, ``top_k``, ``top_p``, ``do_sample`` for this call.
+            input_ids: (B*n, P) prompt ids, left-padded.
+            attention_mask: (B*n, P) prompt mask.
+            params: the sampling options of this call.
 
         Returns:
-            The rollout layout for B * n rows (see :class:`BaseRollout`), non-tensors repeated, meta_info kept.
+            (B*n, L) generated tokens (the prompt part cut off), L <= R.
         """
-        check_prompts(prompts)
-        params = self.params.with_overrides(prompts.meta_info)
-        repeated = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
-        input_ids = repeated.batch["input_ids"].long()
-        attention_mask = repeated.batch["attention_mask"].long()
         if self._seed_source is None or params.greedy:
             output = self._generate(input_ids, attention_mask, params)
         else:
@@ -122,5 +141,4 @@ class HFRollout(BaseRollout):
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(call_seed)
                 output = self._generate(input_ids, attention_mask, params)
-        responses = output[:, input_ids.shape[1] :]
-        return build_rollout_output(repeated, responses, params.response_length, self.pad_token_id, self.eos_ids)
+        return output[:, input_ids.shape[1] :]

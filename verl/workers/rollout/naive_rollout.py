@@ -16,15 +16,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from verl.protocol import DataProto
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
-from verl.workers.rollout.postprocess import (
-    as_eos_ids,
-    build_rollout_output,
-    check_prompts,
-    compute_position_ids,
-    is_eos,
-)
+from verl.workers.rollout.postprocess import compute_position_ids, is_eos
 from verl.workers.rollout.sampling import sample_next_token
 
 __all__ = ["NaiveRollout"]
@@ -38,8 +31,9 @@ class NaiveRollout(BaseRollout):
 
     Determinism: with ``seed`` set, the rollout owns a ``torch.Generator`` (one per device) seeded once at first
     use, so a fresh rollout built with the same seed and called with the same batches in the same order yields
-    the same responses; successive calls continue the generator's stream, so they differ from each other. Without
-    ``seed`` draws use torch's global random state.
+    the same responses; successive calls continue the generator's stream, so they differ from each other. The
+    generators' states are the rollout's :meth:`state_dict`, so a resumed run continues the stream where the
+    checkpoint left it. Without ``seed`` draws use torch's global random state.
 
     Args:
         logits_fn: ``(input_ids, attention_mask, position_ids) -> logits``, inputs (B, S), output (B, S, V).
@@ -58,10 +52,8 @@ class NaiveRollout(BaseRollout):
     ):
         if not callable(logits_fn):
             raise ValueError(f"NaiveRollout needs a callable logits_fn, got {type(logits_fn).__name__}.")
+        super().__init__(config, pad_token_id, eos_token_id)
         self.logits_fn = logits_fn
-        self.params = SamplingParams.from_config(config)
-        self.pad_token_id = int(pad_token_id)
-        self.eos_ids = as_eos_ids(eos_token_id)
         self._generators: dict[torch.device, torch.Generator] = {}
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
@@ -72,6 +64,38 @@ class NaiveRollout(BaseRollout):
             generator.manual_seed(self.params.seed)
             self._generators[device] = generator
         return self._generators[device]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of each device's generator, ``{"generators": {"cpu": uint8 tensor, "cuda:0": ...}}``.
+
+        Only generators already used appear; a device used for the first time after a load is seeded from
+        ``seed`` as usual. The states are CPU ``uint8`` tensors keyed by device string, so the dict loads with
+        ``torch.load(..., weights_only=True)``. Without ``seed`` the dict is ``{"generators": {}}``.
+        """
+        return {"generators": {str(device): gen.get_state() for device, gen in self._generators.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Set the generators to the states :meth:`state_dict` returned (on the devices named there).
+
+        Raises:
+            ValueError: ``state`` was saved by another rollout, or holds generator states while this rollout has
+                no ``seed`` (its draws come from torch's global random state).
+        """
+        self._check_state_keys(state, {"generators"})
+        saved = state["generators"]
+        if saved and self.params.seed is None:
+            raise ValueError(
+                "The rollout state to load holds seeded generator states, but this rollout has "
+                "`actor_rollout_ref.rollout.seed: null`; set the seed as in the run that wrote the checkpoint."
+            )
+        generators = {}
+        for name, generator_state in saved.items():
+            device = torch.device(name)
+            generator = torch.Generator(device=device)
+            # set_state wants a CPU byte tensor whatever the generator's device; a loaded state may sit elsewhere
+            generator.set_state(generator_state.to(device="cpu", dtype=torch.uint8))
+            generators[device] = generator
+        self._generators = generators
 
     def _last_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         output = self.logits_fn(input_ids, attention_mask, compute_position_ids(attention_mask))
@@ -84,22 +108,19 @@ class NaiveRollout(BaseRollout):
             )
         return logits[:, -1, :]
 
-    @torch.no_grad()
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Generate ``n`` responses per prompt.
+    def _generate_tokens(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> torch.Tensor:
+        """Sample token by token, re-running ``logits_fn`` on the whole sequence each step.
 
         Args:
-            prompts: ``input_ids``, ``attention_mask``, ``position_ids`` (B, P), left-padded; its ``meta_info``
-                may override ``n``, ``temperature``, ``top_k``, ``top_p``, ``do_sample`` for this call.
+            input_ids: (B*n, P) prompt ids, left-padded.
+            attention_mask: (B*n, P) prompt mask.
+            params: the sampling options of this call.
 
         Returns:
-            The rollout layout for B * n rows (see :class:`BaseRollout`), non-tensors repeated, meta_info kept.
+            (B*n, L) sampled tokens, L <= R; L < R only when every row has emitted eos.
         """
-        check_prompts(prompts)
-        params = self.params.with_overrides(prompts.meta_info)
-        repeated = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
-        input_ids = repeated.batch["input_ids"].long()
-        attention_mask = repeated.batch["attention_mask"].long()
         num_prompt_tokens = input_ids.shape[1]
         generator = self._generator(input_ids.device)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
@@ -107,10 +128,9 @@ class NaiveRollout(BaseRollout):
             next_tokens = sample_next_token(self._last_logits(input_ids, attention_mask), params, generator)
             next_tokens = next_tokens.masked_fill(finished, self.pad_token_id)
             input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+            # rows that have ended are fed padding with mask 0, so they no longer affect the positions
             attention_mask = torch.cat([attention_mask, (~finished).long()[:, None]], dim=-1)
             finished |= is_eos(next_tokens, self.eos_ids)
             if bool(finished.all()):
                 break
-        return build_rollout_output(
-            repeated, input_ids[:, num_prompt_tokens:], params.response_length, self.pad_token_id, self.eos_ids
-        )
+        return input_ids[:, num_prompt_tokens:]

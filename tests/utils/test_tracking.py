@@ -1,0 +1,102 @@
+"""metrics.jsonl: rows after a resumed step are dropped atomically, half-written last lines are survived."""
+
+import json
+import logging
+
+import pytest
+
+import verl.utils.tracking as tracking
+from verl.utils.tracking import Tracking, read_metrics, truncate_jsonl_after_step
+
+
+def _write_rows(path, steps, tail=""):
+    path.write_text("".join(json.dumps({"step": s, "loss": s / 10}) + "\n" for s in steps) + tail)
+
+
+def test_resume_drops_replayed_steps_and_keeps_logging(tmp_path):
+    tracker = Tracking(["jsonl"], tmp_path, "project", "experiment")
+    for step in range(6):
+        tracker.log({"loss": step / 10}, step=step)
+    # resumed from global_step_3: steps 4 and 5 run again, so their first rows go
+    assert tracker.truncate_after(3) == 2
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2, 3]
+    # rows logged after the rewrite land in the new file, not in the replaced one
+    tracker.log({"loss": 0.45}, step=4)
+    tracker.close()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [0, 1, 2, 3, 4]
+    assert rows[-1]["loss"] == 0.45
+
+
+def test_kept_lines_are_copied_unchanged(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = ['{"step": 1, "x": "nan"}\n', '{"step":2,"x":1e-07}\n', '{"step": 3}\n']
+    path.write_text("".join(lines))
+    path.chmod(0o644)
+    assert truncate_jsonl_after_step(path, 2) == 1
+    assert path.read_text() == "".join(lines[:2])
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_half_written_last_line_is_dropped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    _write_rows(path, [1, 2], tail='{"step": 3, "lo')
+    with caplog.at_level(logging.WARNING, logger="verl.trainer"):
+        assert [row["step"] for row in read_metrics(path)] == [1, 2]
+        # the half-written row is not a complete row, so it is not counted as dropped
+        assert truncate_jsonl_after_step(path, 10) == 0
+    assert "half-written" in caplog.text and str(path) in caplog.text
+    assert path.read_text() == '{"step": 1, "loss": 0.1}\n{"step": 2, "loss": 0.2}\n'
+
+
+def test_last_line_missing_only_its_newline_is_kept(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    _write_rows(path, [1], tail='{"step": 2}')
+    assert truncate_jsonl_after_step(path, 5) == 0
+    assert path.read_text() == '{"step": 1, "loss": 0.1}\n{"step": 2}\n'
+
+
+def test_damaged_line_in_the_middle_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    # blank lines are skipped but still counted: the damaged line is the file's 3rd
+    path.write_text('{"step": 1}\n\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="line 3"):
+        truncate_jsonl_after_step(path, 1)
+    path.write_text('{"step": 1}\n["not", "a", "row"]\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="line 2 is not a metrics row"):
+        read_metrics(path)
+
+
+def test_failed_rewrite_leaves_the_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.jsonl"
+    _write_rows(path, [1, 2, 3])
+    before = path.read_bytes()
+
+    def crash(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tracking.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        truncate_jsonl_after_step(path, 1)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
+
+
+def test_missing_file_and_bad_step(tmp_path):
+    assert truncate_jsonl_after_step(tmp_path / "metrics.jsonl", 3) == 0
+    assert not (tmp_path / "metrics.jsonl").exists()
+    with pytest.raises(ValueError, match="integer step"):
+        truncate_jsonl_after_step(tmp_path / "metrics.jsonl", "3")
+    assert Tracking(["console"], tmp_path, "project", "experiment").truncate_after(3) == 0
+
+
+def test_tracking_cuts_a_half_written_tail_before_appending(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    _write_rows(path, [1, 2], tail='{"step": 3, "lo')
+    with caplog.at_level(logging.WARNING, logger="verl.trainer"):
+        tracker = Tracking(["jsonl"], tmp_path, "project", "experiment")
+    assert "half-written" in caplog.text
+    tracker.log({"loss": 0.3}, step=3)
+    tracker.close()
+    # without the cut, the new row would be glued to the partial one and damage a line in the middle
+    assert [row["step"] for row in read_metrics(path)] == [1, 2, 3]
