@@ -1,13 +1,31 @@
-"""Tests for verl.protocol: DataProto row/key operations, errors, pickling, iteration and padding helpers."""
+"""Tests for verl.protocol: DataProto row/key operations, errors, pickling, disk and TensorDict round trips,
+iteration, padding, folding, merging and byte-encoding helpers."""
 
+import math
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-from verl.protocol import DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
+from verl.protocol import (
+    DataProto,
+    DataProtoItem,
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    fold_batch_dim,
+    list_of_dict_to_dict_of_list,
+    pad_dataproto_to_divisor,
+    serialize_single_tensor,
+    serialize_tensordict,
+    unfold_batch_dim,
+    union_numpy_dict,
+    union_tensor_dict,
+    unpad_dataproto,
+)
 
 
 def make_data(num_rows: int = 4) -> DataProto:
@@ -111,8 +129,19 @@ def test_getitem_empty_index_gives_empty_dataproto():
 def test_getitem_bad_index():
     with pytest.raises(ValueError, match="1-D"):
         make_data()[np.array([[0, 1]])]
-    with pytest.raises(ValueError, match="not supported"):
+    # verl raises TypeError for an index type it does not know
+    with pytest.raises(TypeError, match="not supported"):
         make_data()["obs"]
+
+
+def test_select_idxs_and_step_slices():
+    data = make_data(6)
+    assert acts(data.select_idxs([5, 1])) == [5, 1]
+    assert data.select_idxs(np.array([5, 1])).non_tensor_batch["uid"].tolist() == ["u5", "u1"]
+    assert acts(data.select_idxs(torch.tensor([True, False, True, False, False, False]))) == [0, 2]
+    # rows 0, 2, 4 (start 0, step 2) and 1, 4 (start 1, step 3)
+    assert acts(data[::2]) == [0, 2, 4]
+    assert data.slice(1, None, 3).non_tensor_batch["uid"].tolist() == ["u1", "u4"]
 
 
 def test_slice_method():
@@ -146,10 +175,15 @@ def test_select_deepcopy_is_independent():
 def test_select_unknown_key_lists_available():
     with pytest.raises(ValueError, match=r"\['missing'\].*\['act', 'obs'\]"):
         make_data().select(batch_keys=["missing"])
-    with pytest.raises(ValueError, match="non_tensor_batch.*'nope'"):
-        make_data().select(non_tensor_batch_keys=["nope"])
-    with pytest.raises(ValueError, match="meta_info"):
-        make_data().select(meta_info_keys="nope")
+
+
+def test_select_non_tensor_and_meta_keys_filter_like_verl():
+    # verl filters non-tensor and meta keys: absent names are skipped, present ones kept
+    sub = make_data().select(non_tensor_batch_keys=["uid", "nope"], meta_info_keys=["nope"])
+    assert sub.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2", "u3"]
+    assert list(sub.non_tensor_batch) == ["uid"]
+    assert sub.meta_info == {}
+    assert sorted(sub.batch.keys()) == ["act", "obs"]
 
 
 def test_pop_removes_and_returns():
@@ -161,6 +195,15 @@ def test_pop_removes_and_returns():
     assert popped.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2", "u3"]
     assert popped.meta_info == {"temperature": 1.0}
     assert len(popped) == 4 and len(data) == 4
+
+
+def test_pop_without_tensor_keys_has_no_batch():
+    # as in verl (built with from_dict): popping only non-tensor keys gives batch=None
+    data = make_data()
+    popped = data.pop(non_tensor_batch_keys="uid")
+    assert popped.batch is None
+    assert popped.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2", "u3"] and len(popped) == 4
+    assert "uid" not in data.non_tensor_batch
 
 
 def test_pop_unknown_key_leaves_self_untouched():
@@ -223,6 +266,51 @@ def test_union_length_mismatch():
         make_data().union(make_data(2))
 
 
+def test_union_treats_nan_as_equal_and_requires_same_dtype():
+    left = DataProto.from_dict(non_tensors={"score": np.array([1.0, np.nan])}, meta_info={"lr": float("nan")})
+    left.union(DataProto.from_dict(non_tensors={"score": np.array([1.0, np.nan])}, meta_info={"lr": float("nan")}))
+    assert np.isnan(left.non_tensor_batch["score"][1]) and math.isnan(left.meta_info["lr"])
+    # same values, different dtype (float32 vs float64): a conflict, as in verl
+    with pytest.raises(ValueError, match="union conflict.*'score'"):
+        left.union(DataProto.from_dict(non_tensors={"score": np.array([1.0, np.nan], dtype=np.float32)}))
+
+
+def test_union_conflict_leaves_self_untouched():
+    data = make_data()
+    other = DataProto.from_dict(tensors={"new": torch.ones(4)}, meta_info={"temperature": 0.5})
+    with pytest.raises(ValueError, match="'temperature'"):
+        data.union(other)
+    # the conflict is found in meta_info, after the batch part: the new tensor key must not have been added
+    assert sorted(data.batch.keys()) == ["act", "obs"]
+
+
+def test_union_keeps_batch_object_identity():
+    data = make_data()
+    batch = data.batch
+    data.union(DataProto.from_dict(tensors={"rew": torch.ones(4)}))
+    assert data.batch is batch and batch["rew"].tolist() == [1.0] * 4
+
+
+def test_union_tensor_dict_function():
+    left = TensorDict({"a": torch.arange(3)}, batch_size=[3])
+    out = union_tensor_dict(left, TensorDict({"a": torch.arange(3), "b": torch.ones(3)}, batch_size=[3]))
+    assert out is left and sorted(left.keys()) == ["a", "b"]
+    with pytest.raises(ValueError, match="union conflict.*'a'"):
+        union_tensor_dict(left, TensorDict({"a": torch.tensor([0, 1, 5])}, batch_size=[3]))
+    with pytest.raises(ValueError, match="batch sizes"):
+        union_tensor_dict(left, TensorDict({}, batch_size=[2]))
+
+
+def test_union_numpy_dict_function():
+    left = {"a": np.array(["x", "y"], dtype=object)}
+    out = union_numpy_dict(left, {"a": np.array(["x", "y"], dtype=object), "b": np.array([1, 2])})
+    assert out is left and left["b"].tolist() == [1, 2]
+    with pytest.raises(ValueError, match="union conflict.*'a'"):
+        union_numpy_dict(left, {"a": np.array(["x", "z"], dtype=object)})
+    with pytest.raises(ValueError, match="not a numpy array"):
+        union_numpy_dict(left, {"c": [1, 2]})
+
+
 # ---------------------------------------------------------------- chunk / split / concat / repeat / reorder
 
 
@@ -242,13 +330,33 @@ def test_split_last_shorter():
         make_data().split(0)
 
 
-def test_concat_roundtrip_and_meta_from_first():
+def test_concat_roundtrip_and_meta_merge():
     parts = make_data(5).split(2)
-    parts[1].meta_info["temperature"] = 9.0
+    parts[1].meta_info["step"] = 3  # a key only one part has is kept
     out = DataProto.concat(parts)
     assert acts(out) == [0, 1, 2, 3, 4]
     assert out.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2", "u3", "u4"]
-    assert out.meta_info == {"temperature": 1.0}
+    assert out.meta_info == {"temperature": 1.0, "step": 3}
+
+
+def test_concat_meta_conflict_and_metrics_gathering():
+    parts = make_data(4).split(2)
+    parts[1].meta_info["temperature"] = 9.0
+    with pytest.raises(ValueError, match="'temperature'.*part 1"):
+        DataProto.concat(parts)
+    parts = make_data(6).split(2)
+    parts[0].meta_info["metrics"] = {"loss": 1.0}
+    parts[1].meta_info["metrics"] = [{"loss": 2.0}, {"loss": 3.0}]  # a part may carry a list of metric dicts
+    parts[2].meta_info["metrics"] = {"loss": 4.0}
+    # per-part metrics are gathered into one dict of lists, in part order
+    assert DataProto.concat(parts).meta_info["metrics"] == {"loss": [1.0, 2.0, 3.0, 4.0]}
+
+
+def test_list_of_dict_to_dict_of_list():
+    assert list_of_dict_to_dict_of_list([{"a": 1, "b": 2}, {"a": 3, "b": 4}]) == {"a": [1, 3], "b": [2, 4]}
+    assert list_of_dict_to_dict_of_list([]) == {}
+    with pytest.raises(ValueError, match="'c'"):
+        list_of_dict_to_dict_of_list([{"a": 1}, {"c": 2}])
 
 
 def test_concat_errors():
@@ -337,11 +445,23 @@ def test_make_iterator_keeps_non_tensor_and_meta_aligned():
         assert mb.meta_info == {"temperature": 1.0}
 
 
+def test_make_iterator_shuffle_kwarg_wins_over_seed():
+    data = make_data(8)
+    # verl's form: the seed only seeds the generator, shuffle comes from dataloader_kwargs
+    unshuffled = collect(data, mini_batch_size=4, epochs=1, seed=3, dataloader_kwargs={"shuffle": False})
+    assert unshuffled == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    shuffled = collect(data, mini_batch_size=4, epochs=1, seed=3, dataloader_kwargs={"shuffle": True})
+    assert shuffled == collect(data, mini_batch_size=4, epochs=1, seed=3)  # seed alone shuffles the same way
+    assert sorted(sum(shuffled, [])) == list(range(8)) and shuffled != unshuffled
+
+
 def test_make_iterator_errors():
     with pytest.raises(ValueError, match="not divisible"):
         make_data(5).make_iterator(mini_batch_size=2, epochs=1)
     with pytest.raises(ValueError, match="batch_size"):
         make_data(4).make_iterator(mini_batch_size=2, epochs=1, dataloader_kwargs={"batch_size": 3})
+    with pytest.raises(ValueError, match="collate_fn"):
+        make_data(4).make_iterator(mini_batch_size=2, epochs=1, dataloader_kwargs={"collate_fn": list})
     assert collect(make_data(4), mini_batch_size=2, epochs=0) == []
 
 
@@ -376,3 +496,193 @@ def test_pad_errors():
         pad_dataproto_to_divisor(make_data(), 0)
     with pytest.raises(ValueError, match="pad_size"):
         unpad_dataproto(make_data(2), 3)
+
+
+# ---------------------------------------------------------------- package import
+
+
+def test_from_verl_import_dataproto():
+    from verl import DataProto as TopLevel
+    from verl import DataProtoItem as TopLevelItem
+
+    assert TopLevel is DataProto and TopLevelItem is DataProtoItem
+
+
+def test_import_verl_stays_light():
+    # `import verl` must not pull in torch; the protocol is loaded on first use of verl.DataProto
+    code = "import sys, verl; assert 'torch' not in sys.modules; verl.DataProto; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_from_dict_only_one_batch_dim():
+    with pytest.raises(ValueError, match="num_batch_dims=2"):
+        DataProto.from_dict(tensors={"a": torch.zeros(2, 3)}, num_batch_dims=2)
+    assert len(DataProto.from_dict(tensors={"a": torch.zeros(2, 3)}, num_batch_dims=1)) == 2
+
+
+# ---------------------------------------------------------------- disk
+
+
+def rich_data() -> DataProto:
+    """Every kind of value save_to_disk must keep: tensors of several dtypes, typed and object numpy arrays
+    (strings, nested lists, dicts, numpy scalars, NaN) and a nested meta_info."""
+    return DataProto.from_dict(
+        tensors={
+            "ids": torch.arange(6).view(3, 2),
+            "logp": torch.tensor([0.5, -1.0, float("nan")], dtype=torch.bfloat16),
+            "mask": torch.tensor([True, False, True]),
+        },
+        non_tensors={
+            "uid": ["a", "b", "c"],
+            "turns": [[], [0.5, 0.8], {"acc": np.float32(1.5), "tags": ("x", None)}],
+            "score": np.array([1.0, np.nan, -2.5]),
+            "label": np.array(["yes", "no", "maybe"]),
+            "step": np.array([1, 2, 3], dtype=np.int16),
+        },
+        meta_info={"temperature": 0.7, "global_steps": 4, "cfg": {"n": (1, 2), "name": "run", "none": None}},
+    )
+
+
+def test_save_load_roundtrip(tmp_path):
+    data = rich_data()
+    path = tmp_path / "batch.pt"
+    data.save_to_disk(path)
+    back = DataProto.load_from_disk(path)
+    assert sorted(back.batch.keys()) == ["ids", "logp", "mask"]
+    assert torch.equal(back.batch["ids"], data.batch["ids"])
+    assert back.batch["logp"].dtype == torch.bfloat16 and back.batch["mask"].dtype == torch.bool
+    assert torch.equal(back.batch["logp"][:2], data.batch["logp"][:2]) and torch.isnan(back.batch["logp"][2])
+    # typed arrays keep their dtype; object arrays keep their Python objects (nested containers included)
+    assert back.non_tensor_batch["step"].dtype == np.int16 and back.non_tensor_batch["step"].tolist() == [1, 2, 3]
+    assert back.non_tensor_batch["label"].dtype == data.non_tensor_batch["label"].dtype
+    assert back.non_tensor_batch["label"].tolist() == ["yes", "no", "maybe"]
+    assert back.non_tensor_batch["score"][0] == 1.0 and np.isnan(back.non_tensor_batch["score"][1])
+    assert back.non_tensor_batch["uid"].dtype == object and back.non_tensor_batch["uid"].tolist() == ["a", "b", "c"]
+    turns = back.non_tensor_batch["turns"]
+    assert turns.shape == (3,) and turns[0] == [] and turns[1] == [0.5, 0.8]
+    assert turns[2]["tags"] == ("x", None)
+    assert type(turns[2]["acc"]) is np.float32 and turns[2]["acc"] == np.float32(1.5)
+    assert back.meta_info == {"temperature": 0.7, "global_steps": 4, "cfg": {"n": (1, 2), "name": "run", "none": None}}
+
+
+def test_save_load_without_tensors_and_with_empty_batch(tmp_path):
+    only_strings = DataProto.from_dict(non_tensors={"uid": ["a", "b"]})
+    only_strings.save_to_disk(tmp_path / "a.pt")
+    back = DataProto.load_from_disk(tmp_path / "a.pt")
+    assert back.batch is None and back.non_tensor_batch["uid"].tolist() == ["a", "b"]
+    no_keys = DataProto(batch=TensorDict({}, batch_size=[3]))
+    no_keys.save_to_disk(tmp_path / "b.pt")
+    assert len(DataProto.load_from_disk(tmp_path / "b.pt")) == 3  # a key-less batch keeps its row count
+
+
+class _Opaque:
+    pass
+
+
+def test_save_refuses_objects_it_cannot_store_safely(tmp_path):
+    data = DataProto.from_dict(non_tensors={"obj": [_Opaque(), _Opaque()]})
+    with pytest.raises(ValueError, match=r"non_tensor_batch\['obj'\].*_Opaque"):
+        data.save_to_disk(tmp_path / "x.pt")
+    with pytest.raises(ValueError, match=r"meta_info\['thing'\]"):
+        DataProto(meta_info={"thing": _Opaque()}).save_to_disk(tmp_path / "y.pt")
+
+
+def test_load_refuses_pickles(tmp_path):
+    # a pickled DataProto (upstream verl's format) could run code when loaded, so it is refused
+    path = tmp_path / "pickled.pkl"
+    path.write_bytes(pickle.dumps(make_data()))
+    with pytest.raises(ValueError, match="not a DataProto file written by save_to_disk"):
+        DataProto.load_from_disk(path)
+    torch.save({"format": "something else"}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="does not hold"):
+        DataProto.load_from_disk(tmp_path / "other.pt")
+
+
+# ---------------------------------------------------------------- TensorDict round trip
+
+
+def test_to_tensordict_and_back():
+    data = make_data(3)
+    data.union(DataProto.from_dict(non_tensors={"turns": [[], [0.5, 0.8], [0.9]]}))
+    td = data.to_tensordict()
+    assert list(td.batch_size) == [3]
+    assert torch.equal(td["obs"], data.batch["obs"])
+    back = DataProto.from_tensordict(td)
+    assert sorted(back.batch.keys()) == ["act", "obs"]
+    assert torch.equal(back.batch["act"], torch.arange(3))
+    assert back.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u2"]
+    # nested lists stay one object per row
+    assert back.non_tensor_batch["turns"].shape == (3,) and back.non_tensor_batch["turns"][1] == [0.5, 0.8]
+    assert back.meta_info == {"temperature": 1.0}
+    # the rows of the TensorDict follow slicing, non-tensor columns included
+    assert DataProto.from_tensordict(td[1:]).non_tensor_batch["uid"].tolist() == ["u1", "u2"]
+
+
+def test_from_tensordict_merges_meta_info_argument():
+    td = make_data(2).to_tensordict()
+    back = DataProto.from_tensordict(td, meta_info={"extra": 1})
+    assert back.meta_info == {"extra": 1, "temperature": 1.0}
+    assert len(DataProto.from_tensordict(None)) == 0
+    with pytest.raises(ValueError, match="num_batch_dims"):
+        DataProto.from_tensordict(td, num_batch_dims=2)
+
+
+def test_to_tensordict_rejects_key_clash():
+    data = DataProto.from_dict(tensors={"x": torch.zeros(2)}, meta_info={"x": 1})
+    with pytest.raises(ValueError, match=r"\['x'\]"):
+        data.to_tensordict()
+
+
+# ---------------------------------------------------------------- fold / unfold
+
+
+def test_fold_and_unfold_batch_dim():
+    data = make_data(6)  # obs (6, 2), act (6,), uid (6,)
+    folded = fold_batch_dim(data, 2)
+    # 6 rows into 2 groups of 3 consecutive rows: group 1 holds rows 3, 4, 5
+    assert len(folded) == 2
+    assert folded.batch["act"].tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert folded.batch["obs"].shape == (2, 3, 2) and folded.batch["obs"][1, 0].tolist() == [6, 7]
+    assert folded.non_tensor_batch["uid"][1].tolist() == ["u3", "u4", "u5"]
+    assert len(data) == 6 and data.non_tensor_batch["uid"].shape == (6,)  # the input is unchanged
+    back = unfold_batch_dim(folded, batch_dims=2)
+    assert torch.equal(back.batch["obs"], data.batch["obs"]) and acts(back) == list(range(6))
+    assert back.non_tensor_batch["uid"].tolist() == data.non_tensor_batch["uid"].tolist()
+    assert back.meta_info == {"temperature": 1.0}
+
+
+def test_fold_errors():
+    with pytest.raises(ValueError, match="divisor of the 5 rows"):
+        fold_batch_dim(make_data(5), 2)
+    with pytest.raises(ValueError, match="batch_dims"):
+        unfold_batch_dim(make_data(4), batch_dims=0)
+    with pytest.raises(ValueError, match="fewer than 2 dims"):
+        unfold_batch_dim(make_data(4), batch_dims=2)  # act is (4,): nothing to unfold
+
+
+# ---------------------------------------------------------------- byte encoding
+
+
+def test_serialize_single_tensor_roundtrip():
+    tensor = torch.tensor([[1.5, -2.0], [0.25, 3.0]], dtype=torch.bfloat16)
+    dtype, shape, data = serialize_single_tensor(tensor)
+    # 4 bfloat16 values = 8 bytes
+    assert dtype == "bfloat16" and shape == (2, 2) and data.dtype == np.uint8 and data.shape == (8,)
+    back = deserialize_single_tensor((dtype, shape, data))
+    assert back.dtype == torch.bfloat16 and torch.equal(back, tensor)
+    empty = deserialize_single_tensor(serialize_single_tensor(torch.zeros(0, 3)))
+    assert empty.shape == (0, 3)
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        deserialize_single_tensor(("float99", (1,), data))
+
+
+def test_serialize_tensordict_roundtrip_with_nested_tensor():
+    jagged = torch.nested.as_nested_tensor([torch.arange(2), torch.arange(3)], layout=torch.jagged)
+    batch = TensorDict({"ids": torch.arange(4).view(2, 2), "ragged": jagged}, batch_size=[2])
+    batch_size, device, encoded = serialize_tensordict(batch)
+    assert batch_size == (2,) and device is None and len(encoded["ids"]) == 3 and len(encoded["ragged"]) == 2
+    back = deserialize_tensordict((batch_size, device, encoded))
+    assert torch.equal(back["ids"], batch["ids"])
+    assert [t.tolist() for t in back["ragged"].unbind()] == [[0, 1], [0, 1, 2]]
+    with pytest.raises(ValueError, match="expected 3"):
+        deserialize_tensordict(((1,), None, {"x": ("a",)}))

@@ -1,4 +1,4 @@
-"""Tests for the reward-manager registry, the custom-scorer loader and the naive reward manager."""
+"""Tests for the reward-manager registry, the custom-scorer loaders and the naive reward manager."""
 
 import sys
 
@@ -11,10 +11,13 @@ from verl.workers.reward_manager import (
     NaiveRewardManager,
     get_reward_manager_cls,
     list_reward_managers,
+    load_custom_reward_function,
     load_custom_score_fn,
     place_scores_on_last_token,
+    register,
     register_reward_manager,
 )
+from verl.workers.reward_manager.registry import REWARD_MANAGER_REGISTRY
 
 PAD, EOS = 0, 2
 
@@ -56,6 +59,27 @@ def test_registry():
     with pytest.raises(ValueError, match="taken"):
         register_reward_manager("naive")(Other)
     assert register_reward_manager("naive")(NaiveRewardManager) is NaiveRewardManager  # same class: no-op
+
+
+def test_verl_register_decorator(monkeypatch):
+    # isolate the registry so the test's manager does not leak into other tests
+    monkeypatch.setattr(REWARD_MANAGER_REGISTRY, "_entries", dict(REWARD_MANAGER_REGISTRY._entries))
+    assert register_reward_manager is register  # the old name is an alias of verl's
+
+    @register("test_constant")
+    class ConstantRewardManager:
+        def __init__(self, tokenizer, num_examine=0, compute_score=None, reward_fn_key="data_source"):
+            self.tokenizer = tokenizer
+
+        def __call__(self, data, return_dict=False):
+            return torch.ones(len(data), data.batch["responses"].shape[1])
+
+    assert get_reward_manager_cls("test_constant") is ConstantRewardManager
+    assert "test_constant" in REWARD_MANAGER_REGISTRY.names() and "test_constant" in list_reward_managers()
+    manager = get_reward_manager_cls("test_constant")(tokenizer=None)
+    assert manager(_batch([([4], "x", "d")])).shape == (1, 5)
+    with pytest.raises(ValueError, match="taken"):
+        register("test_constant")(NaiveRewardManager)
 
 
 def test_place_scores_on_last_token():
@@ -126,14 +150,97 @@ def test_load_custom_score_fn(tmp_path, monkeypatch):
     from_file = load_custom_score_fn(f"{module_file}:exact")
     assert from_file(data_source="d", solution_str="a", ground_truth="b") == 0.0
 
+    # every error names the config key, reward_model.custom_score_fn, and what to fix
+    key = r"reward_model\.custom_score_fn="
     for bad in ("my_scores.exact", "a:b:c", ":exact", "my_scores:"):
-        with pytest.raises(ValueError, match="'module.path:function'"):
+        with pytest.raises(ValueError, match=key + ".*'module.path:function'"):
             load_custom_score_fn(bad)
-    with pytest.raises(ValueError, match="importing 'no_such_module_xyz' failed.*PYTHONPATH"):
+    with pytest.raises(ValueError, match=key + ".*importing 'no_such_module_xyz' failed.*PYTHONPATH"):
         load_custom_score_fn("no_such_module_xyz:fn")
-    with pytest.raises(ValueError, match="has no attribute 'missing'"):
+    with pytest.raises(ValueError, match=key + ".*has no attribute 'missing'.*'exact'"):
         load_custom_score_fn("my_scores:missing")
-    with pytest.raises(ValueError, match="'NOT_A_FUNCTION' is a int, not a function"):
+    with pytest.raises(ValueError, match=key + ".*'NOT_A_FUNCTION' is a int, not a function"):
         load_custom_score_fn("my_scores:NOT_A_FUNCTION")
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match=key + ".*does not exist"):
         load_custom_score_fn(f"{tmp_path / 'nope.py'}:exact")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(ValueError, match=key + ".*RuntimeError: boom"):
+        load_custom_score_fn(f"{broken}:exact")
+
+
+SCORER_FILE = """
+from dataclasses import dataclass
+
+THRESHOLD = 0.5
+
+
+@dataclass
+class Result:  # a dataclass needs its module in sys.modules while the file executes
+    score: float
+
+
+def my_reward(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
+    return Result(float(solution_str == ground_truth) + bonus).score
+"""
+
+
+def test_load_custom_reward_function_from_file(tmp_path, monkeypatch):
+    path = tmp_path / "my_reward.py"
+    path.write_text(SCORER_FILE)
+    fn = load_custom_reward_function(str(path), "my_reward")
+    assert fn(data_source="d", solution_str="42", ground_truth="42", extra_info=None) == 1.0
+    assert fn(data_source="d", solution_str="41", ground_truth="42", extra_info=None) == 0.0
+    # verl's file:// prefix and a path relative to the working directory load the same function
+    monkeypatch.chdir(tmp_path)
+    assert (
+        load_custom_reward_function(f"file://{path}", "my_reward")(data_source="d", solution_str="a", ground_truth="a")
+        == 1.0
+    )
+    assert (
+        load_custom_reward_function("my_reward.py", "my_reward")(data_source="d", solution_str="a", ground_truth="b")
+        == 0.0
+    )
+    # reward_kwargs are added to every call and win over the call's own (verl's rule): 1 + 0.25
+    boosted = load_custom_reward_function(path, "my_reward", reward_kwargs={"bonus": 0.25})
+    assert boosted(data_source="d", solution_str="a", ground_truth="a", bonus=9.0) == 1.25
+    # the executed file is not left in sys.modules (Ray then ships the function by value)
+    assert not [name for name in sys.modules if name.startswith("verl_custom_reward_my_reward")]
+
+
+def test_load_custom_reward_function_from_package(tmp_path, monkeypatch):
+    (tmp_path / "pkg_scores.py").write_text(SCORER_FILE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pkg_scores", raising=False)
+    fn = load_custom_reward_function("pkg://pkg_scores", "my_reward")
+    assert fn(data_source="d", solution_str="x", ground_truth="x") == 1.0
+
+
+def test_naive_manager_with_loaded_custom_reward_function(tokenizer, tmp_path):
+    path = tmp_path / "exact.py"
+    path.write_text(SCORER_FILE)
+    manager = NaiveRewardManager(tokenizer, compute_score=load_custom_reward_function(path, "my_reward"))
+    # "21" decoded against ground truth "21": exact -> 1.0 on the last valid token (index 1)
+    scores = manager(_batch([(_digits("21"), "21", "any_source")]))
+    assert scores[0, 1].item() == 1.0 and scores.sum().item() == 1.0
+
+
+def test_load_custom_reward_function_errors(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text(SCORER_FILE)
+    with pytest.raises(ValueError, match=r"custom_reward_function\.path is empty"):
+        load_custom_reward_function("", "my_reward")
+    with pytest.raises(ValueError, match=r"custom_reward_function\.name is None"):
+        load_custom_reward_function(str(path), None)
+    with pytest.raises(ValueError, match=r"custom_reward_function\.path=.*does not exist"):
+        load_custom_reward_function(str(tmp_path / "missing.py"), "my_reward")
+    with pytest.raises(ValueError, match=r"custom_reward_function\.name='nope' is not defined.*'my_reward'"):
+        load_custom_reward_function(str(path), "nope")
+    with pytest.raises(ValueError, match=r"custom_reward_function\.name='THRESHOLD'.*is a float, not a function"):
+        load_custom_reward_function(str(path), "THRESHOLD")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_for_reward\n")
+    with pytest.raises(ValueError, match=r"custom_reward_function\.path=.*ModuleNotFoundError"):
+        load_custom_reward_function(str(broken), "my_reward")
+    with pytest.raises(ValueError, match=r"custom_reward_function\.path='pkg://no_such_pkg_xyz'"):
+        load_custom_reward_function("pkg://no_such_pkg_xyz", "my_reward")

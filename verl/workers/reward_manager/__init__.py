@@ -1,8 +1,10 @@
 """Reward managers: from generated responses to ``token_level_scores``, chosen by ``reward_model.reward_manager``.
 
-Public API: the registry functions (:func:`register_reward_manager`, :func:`get_reward_manager_cls`,
-:func:`list_reward_managers`), :func:`load_custom_score_fn` for ``"module.path:function"`` scorers, and the
-built-in :class:`NaiveRewardManager` (``naive``). Importing this package registers the built-ins.
+Public API (verl's names): the registry functions :func:`register` (alias :func:`register_reward_manager`),
+:func:`get_reward_manager_cls` and :func:`list_reward_managers`; the custom-scorer loaders
+:func:`load_custom_score_fn` (``"module.path:function"`` strings) and :func:`load_custom_reward_function` (verl's
+``custom_reward_function.path`` + ``.name``); and the built-in :class:`NaiveRewardManager` (``naive``). Importing
+this package registers the built-ins.
 """
 
 from verl.workers.reward_manager.naive import NaiveRewardManager, place_scores_on_last_token
@@ -10,7 +12,9 @@ from verl.workers.reward_manager.registry import (
     REWARD_MANAGER_REGISTRY,
     get_reward_manager_cls,
     list_reward_managers,
+    load_custom_reward_function,
     load_custom_score_fn,
+    register,
     register_reward_manager,
 )
 
@@ -19,7 +23,9 @@ __all__ = [
     "NaiveRewardManager",
     "get_reward_manager_cls",
     "list_reward_managers",
+    "load_custom_reward_function",
     "load_custom_score_fn",
     "place_scores_on_last_token",
+    "register",
     "register_reward_manager",
 ]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from verl.utils.reward_score import default_compute_score
-from verl.workers.reward_manager.registry import register_reward_manager
+from verl.workers.reward_manager.registry import register
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor
     return token_level
 
 
-@register_reward_manager("naive")
+@register("naive")
 class NaiveRewardManager:
     """Score every response independently with a rule-based function.
 
