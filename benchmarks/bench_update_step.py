@@ -79,16 +79,11 @@ class ProbeHandler(UpdateOutcomeHandler):
 
 
 def build_dp_actor(dtype: str, device: torch.device, seed: int):
-    from verl.utils.amp_optimizer import build_amp_optimizer
-    from verl.workers.actor.base import resolve_dtype
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import build_dp_actor as build
 
-    config = common.actor_config("dp", dtype)
     model = common.tiny_qwen2(seed).to(device)
-    optimizer, scheduler = build_amp_optimizer(
-        model.parameters(), config.optim, dtype=resolve_dtype(dtype, "dtype"), total_training_steps=1000
-    )
-    return DataParallelPPOActor(config, model, optimizer, scheduler), common.num_parameters(model)
+    actor = build(common.actor_config("dp", dtype), model, total_training_steps=1000)
+    return actor, common.num_parameters(model)
 
 
 def build_megatron_actor_for_bench(dtype: str, device: torch.device, seed: int):

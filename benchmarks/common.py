@@ -110,12 +110,14 @@ def num_parameters(module: torch.nn.Module) -> int:
 
 
 def actor_config(strategy: str = "dp", dtype: str = "float32", **overrides):
-    """An ``actor_rollout_ref.actor`` section for the benchmarks (loss-scale start low enough that updates succeed).
+    """The YAML's ``actor_rollout_ref.actor`` section with the benchmark's sizes (validated, typed).
 
     The loss scale starts at 2**10 rather than megatron-core's 2**32, so that the timed updates are the steady
     state of a healthy run, not the scaler's first skipped steps.
     """
     from omegaconf import OmegaConf
+
+    from verl.workers.config import ActorConfig, load_section
 
     base = {
         "strategy": strategy,
@@ -123,34 +125,10 @@ def actor_config(strategy: str = "dp", dtype: str = "float32", **overrides):
         "ppo_mini_batch_size": 8,
         "ppo_micro_batch_size_per_gpu": 8,
         "log_prob_micro_batch_size_per_gpu": 16,
-        "ppo_epochs": 1,
-        "shuffle": False,
-        "policy_loss": "vanilla",
-        "clip_ratio": 0.2,
-        "clip_ratio_low": None,
-        "clip_ratio_high": None,
-        "clip_ratio_c": 3.0,
-        "loss_agg_mode": "token-mean",
-        "entropy_coeff": 0.0,
-        "use_kl_loss": False,
-        "kl_loss_coef": 0.001,
-        "kl_loss_type": "low_var_kl",
-        "update_failure_policy": "auto",
-        "fault_injection": {"nonfinite_grad_steps": [], "ranks": None},
-        "optim": {
-            "lr": 1e-4,
-            "weight_decay": 0.0,
-            "clip_grad": 1.0,
-            "lr_warmup_steps": 0,
-            "lr_scheduler": "constant",
-            "initial_loss_scale": 1024.0,
-            "min_loss_scale": 1.0,
-            "loss_scale_window": 1000,
-            "hysteresis": 2,
-        },
-        "megatron": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
+        "optim": {"lr": 1e-4, "initial_loss_scale": 1024.0},
     }
-    return OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(overrides))
+    merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(overrides))
+    return load_section(ActorConfig, OmegaConf.to_container(merged))
 
 
 def ppo_batch(num_samples: int, prompt_length: int, response_length: int, vocab_size: int, seed: int = 0):

@@ -83,6 +83,10 @@ class SkipBudgetHandler(UpdateOutcomeHandler):
         metrics[f"{outcome.role}/update_failures_unabsorbed_total"] = float(self.num_unabsorbed_failures)
         return metrics
 
+    def metric_reductions(self) -> dict[str, str]:
+        # a running count: the step reports where it stands after its last update, never an average
+        return {**super().metric_reductions(), "update_failures_unabsorbed_total": "last"}
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["num_unabsorbed_failures"] = self.num_unabsorbed_failures

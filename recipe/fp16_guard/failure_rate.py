@@ -133,6 +133,10 @@ class FailureRateHandler(UpdateOutcomeHandler):
         metrics[f"{outcome.role}/update_failure_rate"] = float(self.failure_rate)
         return metrics
 
+    def metric_reductions(self) -> dict[str, str]:
+        # a windowed rate: the step reports the window as it stands after its last update, never an average
+        return {**super().metric_reductions(), "update_failure_rate": "last"}
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["window"] = list(self.recent)

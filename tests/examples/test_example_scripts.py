@@ -18,10 +18,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from examples.data_preprocess import gsm8k
-from verl.trainer.config_validation import validate_config
-from verl.trainer.main_ppo import default_config
 from verl.utils.dataset import RLHFDataset
 from verl.utils.reward_score import default_compute_score
+from verl.workers.config import PPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "verl" / "trainer" / "config"
@@ -86,7 +85,7 @@ def test_script_composes_and_validates(path):
     cfg, overrides = compose_script(path)
     # the policy is chosen on purpose in every script, never left to the default
     assert any(o.startswith("actor_rollout_ref.actor.update_failure_policy=") for o in overrides)
-    validate_config(cfg, default_config())
+    PPOConfig.from_omegaconf(cfg)
     actor = cfg.actor_rollout_ref.actor
     assert actor.dtype == "float16"
     assert actor.strategy == ("megatron" if "megatron" in path.name else "dp")

@@ -16,12 +16,12 @@ MODULE = "examples.update_failure_policy.skip_budget_handler"
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
+def fresh_registry():
     # The example registers "skip_budget" at import time. Give each test its own copy of the registry and a fresh
     # import, so that the name is gone again afterwards: other tests compare the full list of registered names.
-    monkeypatch.setattr(UPDATE_OUTCOME_HANDLER_REGISTRY, "_entries", dict(UPDATE_OUTCOME_HANDLER_REGISTRY._entries))
     sys.modules.pop(MODULE, None)
-    yield
+    with UPDATE_OUTCOME_HANDLER_REGISTRY.scoped():
+        yield
     sys.modules.pop(MODULE, None)
 
 

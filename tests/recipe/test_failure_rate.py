@@ -16,12 +16,12 @@ MODULE = "recipe.fp16_guard.failure_rate"
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
+def fresh_registry():
     # The recipe registers "failure_rate" at import time; other tests compare the full list of registered names,
     # so each test gets its own copy of the registry and a fresh import.
-    monkeypatch.setattr(UPDATE_OUTCOME_HANDLER_REGISTRY, "_entries", dict(UPDATE_OUTCOME_HANDLER_REGISTRY._entries))
     sys.modules.pop(MODULE, None)
-    yield
+    with UPDATE_OUTCOME_HANDLER_REGISTRY.scoped():
+        yield
     sys.modules.pop(MODULE, None)
 
 

@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
-from verl.trainer.config_validation import validate_config
-from verl.trainer.main_ppo import default_config
+from verl.trainer.main_ppo import compose_from_command_line
+from verl.workers.config import PPOConfig
 from verl.workers.update_outcome import UPDATE_OUTCOME_HANDLER_REGISTRY, build_update_outcome_handler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,17 +36,17 @@ SMALL = [
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    # validate_config imports the recipe module, which registers "failure_rate": keep that out of other tests.
-    monkeypatch.setattr(UPDATE_OUTCOME_HANDLER_REGISTRY, "_entries", dict(UPDATE_OUTCOME_HANDLER_REGISTRY._entries))
+def fresh_registry():
+    # validating the config imports the recipe module, which registers "failure_rate": keep that out of other tests.
     sys.modules.pop(MODULE, None)
-    yield
+    with UPDATE_OUTCOME_HANDLER_REGISTRY.scoped():
+        yield
     sys.modules.pop(MODULE, None)
 
 
 def compose_recipe(*overrides):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="fp16_guard", overrides=list(overrides))
+    # exactly what the recipe's entry point composes
+    return compose_from_command_line(list(overrides), CONFIG_DIR, "fp16_guard")
 
 
 def test_recipe_config_extends_the_trainer_config_and_validates():
@@ -58,7 +57,7 @@ def test_recipe_config_extends_the_trainer_config_and_validates():
     assert cfg.actor_rollout_ref.actor.dtype == "float16"
     assert cfg.critic.update_failure_policy == "auto"
     assert cfg.data.train_batch_size == 4
-    validate_config(cfg, default_config())
+    PPOConfig.from_omegaconf(cfg)
     handler = build_update_outcome_handler(policy, dtype="float16")
     assert type(handler).__name__ == "FailureRateHandler"
     assert (handler.window, handler.min_updates) == (8, 8)
@@ -67,7 +66,7 @@ def test_recipe_config_extends_the_trainer_config_and_validates():
 def test_recipe_config_rejects_a_bad_window_at_validation():
     cfg = compose_recipe(*SMALL, "actor_rollout_ref.actor.update_failure_policy.window=0")
     with pytest.raises(ValueError, match="failure_rate: window must be an integer >= 1, got 0"):
-        validate_config(cfg, default_config())
+        PPOConfig.from_omegaconf(cfg)
 
 
 def run_recipe(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, Path]:

@@ -13,8 +13,7 @@ def dp_actor_fire_drill(rank: int, world_size: int, port: int, result_queue) -> 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
-    from verl.utils.amp_optimizer import build_amp_optimizer
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import build_dp_actor
     from verl.workers.update_outcome import UpdateFailedError
 
     seen, raised_at, error = [], None, None
@@ -24,10 +23,7 @@ def dp_actor_fire_drill(rank: int, world_size: int, port: int, result_queue) -> 
             update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 2},
             fault_injection={"nonfinite_grad_steps": [2, 3, 4, 5], "ranks": [1]},
         )
-        optimizer, scheduler = build_amp_optimizer(
-            model.parameters(), cfg.optim, dtype=torch.float32, total_training_steps=10
-        )
-        actor = DataParallelPPOActor(cfg, model, optimizer, scheduler, rank=rank)
+        actor = build_dp_actor(cfg, model, total_training_steps=10, rank=rank, process_group=dist.group.WORLD)
         batch = ppo_batch(seed=rank)  # each rank trains on its own data
         batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
         for _ in range(8):

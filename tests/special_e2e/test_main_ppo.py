@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -60,6 +62,9 @@ def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
     assert records[-1]["actor/update_failures_total"] >= 1
     assert any("val/score/mean" in r for r in metrics_of(out_dir))
     assert (out_dir / "training_curves.png").stat().st_size > 0
+    # every update of these 3 steps overflowed at 2**32: exit 0, but the run says so and says why
+    assert "updates over the run: actor 0 applied, 3 skipped" in proc.stderr
+    assert "no update was applied" in proc.stderr and "optim.initial_loss_scale=65536" in proc.stderr
 
 
 def test_megatron_fp16_run_with_a_kl_loss(tmp_path):
@@ -79,25 +84,58 @@ def test_megatron_fp16_run_with_a_kl_loss(tmp_path):
     assert "timing_s/old_log_prob" not in records[0] and records[-1]["actor/ppo_kl"] == 0.0
 
 
-def test_resume_continues_from_the_saved_step_with_the_same_data(tmp_path):
-    straight, straight_dir = run_main(tmp_path, "trainer.total_training_steps=4", "trainer.test_freq=-1", name="a")
+# a loss scale at which fp16 updates do happen from the first step, so that a resume has real state to restore
+UPDATING = ["actor_rollout_ref.actor.optim.initial_loss_scale=1024", "trainer.test_freq=-1", "trainer.save_freq=3"]
+NOT_COMPARED = ("timing_s/", "perf/")
+
+
+def comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(NOT_COMPARED)}
+
+
+def test_resume_is_exact_and_leaves_no_debris_or_duplicate_rows(tmp_path):
+    straight, straight_dir = run_main(tmp_path, "trainer.total_training_steps=6", *UPDATING, name="a")
     assert straight.returncode == 0, straight.stderr[-4000:]
-    first, resumed_dir = run_main(
-        tmp_path, "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=-1", name="b"
-    )
+    first, resumed_dir = run_main(tmp_path, "trainer.total_training_steps=3", *UPDATING, name="b")
     assert first.returncode == 0, first.stderr[-4000:]
-    assert (resumed_dir / "global_step_2" / "actor" / "model.safetensors").exists()
-    second, _ = run_main(tmp_path, "trainer.total_training_steps=4", "trainer.test_freq=-1", name="b")
+    # What a kill leaves: rows of steps logged after the last checkpoint, and an interrupted save's directory.
+    with open(resumed_dir / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps({"step": 4, "critic/score/mean": -1.0}) + "\n")
+    debris = resumed_dir / ".global_step_4.tmp-killed"
+    (debris / "actor").mkdir(parents=True)
+    second, _ = run_main(tmp_path, "trainer.total_training_steps=6", *UPDATING, name="b")
     assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed from" in second.stderr
-    resumed = train_records(resumed_dir)
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    # the same prompts at every step, before and after the resume
-    fingerprints = [r["data/batch_fingerprint"] for r in train_records(straight_dir)]
-    assert [r["data/batch_fingerprint"] for r in resumed] == fingerprints
-    # the handler's counters carried over: the total never drops across the resume
-    totals = [r["actor/update_failures_total"] for r in resumed]
-    assert totals == sorted(totals)
+    assert "resumed from" in second.stderr and not debris.exists()
+    resumed, expected = train_records(resumed_dir), train_records(straight_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # step 4 once: the killed attempt's row is gone
+    assert any(r["actor/update_failed"] == 0.0 for r in expected)  # updates happened: the state mattered
+    # Every random stream (sampler, data order, mini-batch shuffle, torch's RNG) resumes where it stopped: the
+    # resumed run's scores, losses and counters equal the uninterrupted run's, and so do its final weights.
+    assert [comparable(r) for r in resumed] == [comparable(r) for r in expected]
+    want = load_file(straight_dir / "global_step_6" / "actor" / "model.safetensors")
+    got = load_file(resumed_dir / "global_step_6" / "actor" / "model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_custom_counter_reduces_as_its_handler_declares(tmp_path):
+    # Two updates per step (mini-batch 2 of a batch of 4), fp32 (nothing absorbed), update 2 poisoned: step 1 makes
+    # updates 1 (applied) and 2 (failed), so the example's running count is 1 after step 1, not the mean 0.5.
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        "actor_rollout_ref.actor.dtype=float32",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.update_failure_policy="
+        "{name: skip_budget, module: examples.update_failure_policy.skip_budget_handler}",
+        "actor_rollout_ref.actor.fault_injection.nonfinite_grad_steps=[2]",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = train_records(out_dir)
+    assert [r["actor/update_failures_unabsorbed_total"] for r in records] == [1.0, 1.0]
+    assert [r["actor/update_failed"] for r in records] == [1.0, 0.0]  # max over the step's updates
+    assert "updates over the run: actor 3 applied, 1 skipped" in proc.stderr
 
 
 def test_fire_drill_under_strict_exits_nonzero_with_the_message(tmp_path):

@@ -70,17 +70,13 @@ def test_fire_drill_through_the_megatron_schedule():
 def test_log_probs_equal_the_hf_model_in_fp32():
     # megatron-core's CUDA layer spec must honour the padding mask: rows 0 (left pad) and 1 (right pad) of
     # ppo_batch would differ from the HF model otherwise.
-    from verl.utils.amp_optimizer import build_amp_optimizer
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.actor.dp_actor import build_dp_actor
 
     hf_model = tiny_qwen2(seed=0)
     actor = gpu_actor(hf_model, dtype="float32")
     batch = ppo_batch()
     got, _ = actor.compute_log_prob(batch.to("cuda"))
-    optimizer, _ = build_amp_optimizer(
-        hf_model.parameters(), actor_config().optim, dtype=torch.float32, total_training_steps=1
-    )
-    want, _ = DataParallelPPOActor(actor_config(), hf_model, optimizer).compute_log_prob(batch)
+    want, _ = build_dp_actor(actor_config(), hf_model, total_training_steps=1).compute_log_prob(batch)
     mask = batch.batch["response_mask"].bool()
     torch.testing.assert_close(got.cpu()[mask], want[mask], atol=1e-3, rtol=1e-3)
 

@@ -1,14 +1,12 @@
-"""The YAML configs: every key commented, Hydra composition, and start-up validation errors."""
+"""The YAML configs and their typed schema: every key commented, keys and fields equal, every bad value refused."""
 
 from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from verl.trainer.config_validation import validate_config
-from verl.trainer.main_ppo import CONFIG_DIR, default_config
+from verl.workers.config import PPOConfig, compose_omegaconf
 
 REPO = Path(__file__).resolve().parents[2]
 YAML_FILES = sorted(p for root in ("verl/trainer/config", "examples", "recipe") for p in (REPO / root).rglob("*.yaml"))
@@ -41,25 +39,86 @@ def test_every_yaml_parses_and_every_key_is_commented(path):
 
 
 def compose_config(overrides=(), name="ppo_trainer"):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name=name, overrides=list(overrides))
+    return compose_omegaconf(list(overrides), name)
+
+
+def validated(overrides=(), name="ppo_trainer") -> PPOConfig:
+    return PPOConfig.from_omegaconf(compose_config(overrides, name))
 
 
 def test_defaults_compose_and_validate():
-    cfg = compose_config()
-    validate_config(cfg, default_config())
+    cfg = validated()
     assert cfg.actor_rollout_ref.actor.dtype == "float16"
     assert cfg.actor_rollout_ref.actor.update_failure_policy == "auto"
     assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length
+    assert cfg.actor_rollout_ref.actor.optim.eps == 1e-8  # read by both optimizers, so it has its YAML key
 
 
 def test_megatron_config_mirrors_the_dp_keys():
     dp, megatron = compose_config(), compose_config(name="ppo_megatron_trainer")
-    validate_config(megatron, default_config())
-    assert megatron.actor_rollout_ref.actor.strategy == "megatron"
+    assert validated(name="ppo_megatron_trainer").actor_rollout_ref.actor.strategy == "megatron"
     assert set(OmegaConf.to_container(dp.actor_rollout_ref.actor)) == set(
         OmegaConf.to_container(megatron.actor_rollout_ref.actor)
     )
+
+
+def yaml_leaf_keys(node, prefix=""):
+    """Dotted keys of a composed config; an ``update_failure_policy`` value (name or mapping) is one leaf."""
+    keys = set()
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and not path.endswith("update_failure_policy"):
+            keys |= yaml_leaf_keys(value, path + ".")
+        else:
+            keys.add(path)
+    return keys
+
+
+def field_keys(cls, prefix=""):
+    """Dotted keys of the schema: every field of every nested config dataclass."""
+    import dataclasses
+    import typing
+
+    from verl.workers.config import BaseConfig
+
+    keys = set()
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        tp = hints[field.name]
+        if isinstance(tp, type) and issubclass(tp, BaseConfig):
+            keys |= field_keys(tp, f"{prefix}{field.name}.")
+        else:
+            keys.add(f"{prefix}{field.name}")
+    return keys
+
+
+def test_every_yaml_key_is_a_field_and_every_field_a_yaml_key():
+    yaml_keys = yaml_leaf_keys(OmegaConf.to_container(compose_config()))
+    assert yaml_keys == field_keys(PPOConfig)
+
+
+def test_no_config_default_lives_in_code():
+    import dataclasses
+
+    from verl.workers import config as config_pkg
+
+    classes = [getattr(config_pkg, name) for name in config_pkg.__all__]
+    for cls in classes:
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            with_defaults = [
+                f.name
+                for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            ]
+            assert with_defaults == [], f"{cls.__name__} has defaults in code: {with_defaults}"
+    # and nothing reads config keys with a fallback any more
+    offenders = [p for p in (REPO / "verl").rglob("*.py") if "cfg_get(" in p.read_text() or "_cfg(" in p.read_text()]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("name", ["ppo_trainer", "ppo_megatron_trainer"])
+def test_every_trainer_yaml_builds_the_schema(name):
+    assert isinstance(validated(name=name), PPOConfig)
 
 
 def test_unknown_key_is_an_error():
@@ -67,12 +126,24 @@ def test_unknown_key_is_an_error():
         compose_config(["actor_rollout_ref.actor.update_failure_polcy=strict"])
 
 
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("+trainer.totl_training_steps=5", r"trainer\.totl_training_steps is not a known config key"),
+        ("+foo.bar=1", r"foo is not a known config key"),
+        ("+actor_rollout_ref.actor.fsdp_config.param_offload=true", r"fsdp_config is a verl key for a feature"),
+    ],
+)
+def test_added_unknown_keys_are_errors_not_ignored(override, match):
+    with pytest.raises(ValueError, match=match):
+        validated([override])
+
+
 def test_policy_mapping_from_the_command_line():
-    cfg = compose_config(
+    cfg = validated(
         ["actor_rollout_ref.actor.update_failure_policy={name: fp16_warn_and_count, max_consecutive_failures: 3}"]
     )
-    validate_config(cfg, default_config())
-    assert cfg.actor_rollout_ref.actor.update_failure_policy.max_consecutive_failures == 3
+    assert cfg.actor_rollout_ref.actor.update_failure_policy["max_consecutive_failures"] == 3
 
 
 @pytest.mark.parametrize(
@@ -82,9 +153,10 @@ def test_policy_mapping_from_the_command_line():
         (["actor_rollout_ref.actor.optim.lr=fast"], "optim.lr='fast' has the wrong type"),
         (
             ["actor_rollout_ref.actor.strategy=fsdp9"],
-            r"strategy='fsdp9' is not supported; use one of \['dp', 'megatron'\]",
+            r"strategy='fsdp9' is not supported; use one of 'dp', 'megatron'",
         ),
         (["actor_rollout_ref.actor.dtype=int8"], "dtype='int8' is not supported"),
+        (["actor_rollout_ref.actor.dtype=fp16"], "dtype='fp16' is not supported"),  # one spelling: float16
         (["data.train_batch_size=12"], "not a multiple of actor_rollout_ref.actor.ppo_mini_batch_size=16"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"], "multiple of actor_rollout_ref.actor.ppo_micro"),
         (["actor_rollout_ref.actor.update_failure_policy=strikt"], "unknown update-outcome handler 'strikt'"),
@@ -93,7 +165,7 @@ def test_policy_mapping_from_the_command_line():
             "critic.update_failure_policy",
         ),
         (["actor_rollout_ref.rollout.name=vllm"], r"rollout.name='vllm' is not supported"),
-        (["trainer.logger=[console,mlflow]"], "trainer.logger"),
+        (["trainer.logger=[console,mlflow]"], "trainer.logger has unknown sink"),
         (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0"], "ref.log_prob_micro_batch_size_per_gpu"),
         (
             ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.enable=false"],
@@ -119,11 +191,12 @@ def test_policy_mapping_from_the_command_line():
             ],
             "must be 1 in main_ppo",
         ),
+        (["actor_rollout_ref.actor.recompute_old_log_prob=false"], r"recompute_old_log_prob=False is not supported"),
     ],
 )
 def test_bad_config_fails_with_the_key_and_the_fix(overrides, match):
     with pytest.raises(ValueError, match=match):
-        validate_config(compose_config(overrides), default_config())
+        validated(overrides)
 
 
 @pytest.mark.parametrize(
@@ -136,14 +209,23 @@ def test_bad_config_fails_with_the_key_and_the_fix(overrides, match):
     ],
 )
 def test_old_log_prob_pass_runs_unless_the_step_is_one_on_policy_update(overrides, expected):
-    from verl.trainer.config_validation import computes_old_log_prob
-
-    cfg = compose_config(overrides)
-    validate_config(cfg, default_config())
-    assert computes_old_log_prob(cfg) is expected
+    assert validated(overrides).computes_old_log_prob is expected
 
 
-def test_recompute_old_log_prob_false_is_rejected():
-    cfg = compose_config(["actor_rollout_ref.actor.recompute_old_log_prob=false"])
-    with pytest.raises(ValueError, match=r"recompute_old_log_prob=False is not supported; use one of \['auto', True\]"):
-        validate_config(cfg, default_config())
+def test_decisions_import_no_worker_and_the_trainer_and_workers_do_not_import_each_other():
+    import subprocess
+    import sys
+
+    # A fresh interpreter: what importing the config package (and the trainer's algorithms) pulls in.
+    code = (
+        "import sys, verl.workers.config, verl.trainer.ppo.core_algos; "
+        "bad = [m for m in sys.modules if m.startswith(('verl.workers.actor', 'verl.workers.critic', "
+        "'verl.workers.base_worker', 'verl.trainer.main_ppo', 'verl.trainer.ppo.ray_trainer'))]; print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "[]"
+    worker_sources = [p.read_text() for p in (REPO / "verl" / "workers").rglob("*.py")]
+    trainer_imports = [
+        line for src in worker_sources for line in src.splitlines() if "import" in line and "verl.trainer" in line
+    ]
+    assert all("verl.trainer.ppo.core_algos" in line for line in trainer_imports), trainer_imports

@@ -5,11 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl.utils.amp_optimizer import AmpOptimizer, DynamicLossScale, LossScaleConfig, loss_scale_config_from
+from verl.utils.amp_optimizer import AmpOptimizer, DynamicLossScale
+from verl.workers.config import LossScaleConfig, OptimConfig, load_section
+
+
+def scale_config(initial_loss_scale=2.0**32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2):
+    return LossScaleConfig(
+        initial_loss_scale=initial_loss_scale,
+        min_loss_scale=min_loss_scale,
+        loss_scale_window=loss_scale_window,
+        hysteresis=hysteresis,
+    )
 
 
 def test_dynamic_loss_scale_follows_megatron_rule_with_floor_and_hysteresis():
-    scale = DynamicLossScale(LossScaleConfig(initial_loss_scale=16.0, min_loss_scale=2.0, loss_scale_window=3))
+    scale = DynamicLossScale(scale_config(initial_loss_scale=16.0, min_loss_scale=2.0, loss_scale_window=3))
     seen = []
     for found_inf in [True, True, True, True, True, False, False, False, True]:
         scale.update(found_inf)
@@ -20,16 +30,22 @@ def test_dynamic_loss_scale_follows_megatron_rule_with_floor_and_hysteresis():
     assert seen == [16.0, 8.0, 4.0, 2.0, 2.0, 2.0, 2.0, 4.0, 4.0]
 
 
-def test_loss_scale_config_takes_defaults_only_for_missing_keys():
-    assert loss_scale_config_from({}) == LossScaleConfig()
-    assert loss_scale_config_from({"min_loss_scale": None}).min_loss_scale == 1.0
-    # 0 is a value, not "missing": it must fail, not silently become the default.
-    with pytest.raises(ValueError, match="min_loss_scale must be > 0"):
-        loss_scale_config_from({"min_loss_scale": 0})
-    with pytest.raises(ValueError, match="hysteresis must be an integer >= 1"):
-        loss_scale_config_from({"hysteresis": 0})
-    with pytest.raises(ValueError, match="must not exceed"):
-        loss_scale_config_from({"initial_loss_scale": 4.0, "min_loss_scale": 8.0})
+def optim_section(**overrides) -> OptimConfig:
+    from verl.workers.config import ActorConfig
+
+    return load_section(ActorConfig, {"optim": overrides}).optim
+
+
+def test_loss_scale_values_are_checked_with_their_full_key():
+    # The YAML's values are megatron-core's defaults; no value is taken from code.
+    assert optim_section().loss_scale() == scale_config()
+    # 0 is a value, not "missing": it must fail with the key, not silently become a default.
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.optim\.min_loss_scale must be a number > 0"):
+        optim_section(min_loss_scale=0)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.optim\.hysteresis must be an integer >= 1"):
+        optim_section(hysteresis=0)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.optim\.min_loss_scale .*must not exceed"):
+        optim_section(initial_loss_scale=4.0, min_loss_scale=8.0)
 
 
 def _optimizer(loss_scale: LossScaleConfig | None, clip_grad: float = 1.0):
@@ -55,7 +71,7 @@ def test_fp32_step_reports_the_norm_before_clipping_and_clips():
 
 
 def test_fp16_overflow_skips_the_update_and_backs_off():
-    weight, opt = _optimizer(LossScaleConfig(initial_loss_scale=8.0, min_loss_scale=1.0, hysteresis=1))
+    weight, opt = _optimizer(scale_config(initial_loss_scale=8.0, min_loss_scale=1.0, hysteresis=1))
     before = weight.detach().clone()
     _backward(opt, weight, [float("inf"), 1.0])
     assert opt.step() == (False, None, None)  # megatron-core reports no norm for a skipped fp16 update
@@ -80,7 +96,7 @@ def test_nonfinite_norm_without_loss_scaling_still_fails_and_reports_it():
 
 
 def test_state_dict_round_trips_the_loss_scale():
-    config = LossScaleConfig(initial_loss_scale=8.0, hysteresis=1)
+    config = scale_config(initial_loss_scale=8.0, hysteresis=1)
     weight, opt = _optimizer(config)
     _backward(opt, weight, [float("inf"), 1.0])
     opt.step()

@@ -53,3 +53,18 @@ def test_unknown_name_lists_registered_names_and_key():
 def test_bad_names_are_rejected(bad):
     with pytest.raises(ValueError, match="non-empty string"):
         Registry("widget").add(bad, object())
+
+
+def test_scoped_registrations_are_undone_and_earlier_ones_kept():
+    registry = Registry("thing")
+    registry.add("kept", int)
+    with registry.scoped() as scoped:
+        assert scoped is registry
+        registry.add("temporary", str)
+        assert registry.names() == ["kept", "temporary"]
+    assert registry.names() == ["kept"]
+    # also when the block raises: a failing test must not leak its registrations
+    with pytest.raises(RuntimeError), registry.scoped():
+        registry.add("temporary", str)
+        raise RuntimeError("boom")
+    assert registry.names() == ["kept"]

@@ -1,39 +1,59 @@
-"""DPActorRolloutRefWorker outside a worker group (rank 0 of 1): what init_model builds from the trainer config."""
+"""The actor workers outside a worker group (rank 0 of 1): what init_model builds from the trainer config.
 
+The same checks run for both backends: a frozen reference has no optimizer and no update-outcome handler, uses its
+own micro-batch size, and before any update gives the actor's own log-probs.
+"""
+
+import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from verl.trainer.main_ppo import CONFIG_DIR
-from verl.workers.dp_workers import DPActorRolloutRefWorker
-
-
-def make_worker(*overrides: str) -> DPActorRolloutRefWorker:
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.actor.dtype=float32", *overrides])
-    worker = DPActorRolloutRefWorker(config, total_training_steps=4)
-    worker.init_model()
-    return worker
+from tests.workers.actor.conftest import megatron_world_of_one  # noqa: F401  (megatron-core's groups)
+from verl.trainer.main_ppo import worker_classes
+from verl.workers.config import compose_ppo_config
 
 
-def test_reference_uses_its_own_micro_batch_and_has_no_optimizer():
+@pytest.fixture(params=["dp", "megatron"])
+def strategy(request):
+    if request.param == "megatron":
+        request.getfixturevalue("megatron_world_of_one")
+    return request.param
+
+
+@pytest.fixture
+def make_worker(strategy):
+    def build(*overrides: str):
+        config = compose_ppo_config(
+            [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.actor.dtype=float32", *overrides]
+        )
+        worker = worker_classes(strategy)[0](config, total_training_steps=4)
+        worker.init_model()
+        return worker
+
+    return build
+
+
+def test_reference_uses_its_own_micro_batch_and_has_no_optimizer(make_worker):
     worker = make_worker(
         "actor_rollout_ref.ref.enable=true",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu=16",
     )
-    assert worker.ref is not None and worker.ref.optimizer is None
+    assert worker.ref is not None and worker.ref.optimizer is None and worker.ref.lr_scheduler is None
+    # a model that never trains gets no update-failure policy and no gradients either
+    assert worker.ref.update_outcome_handler is None
+    assert not any(p.requires_grad for p in worker.ref.model_module().parameters())
     assert worker.ref.config.log_prob_micro_batch_size_per_gpu == 8
     assert worker.actor.config.log_prob_micro_batch_size_per_gpu == 16
     # The per-rank config turns 16 prompts x 4 samples into 64 samples per mini-batch on the single rank.
     assert worker.actor.config.ppo_mini_batch_size == 64
 
 
-def test_reference_is_built_only_when_asked_or_needed():
+def test_reference_is_built_only_when_asked_or_needed(make_worker):
     assert make_worker().ref is None  # auto, and the default has no KL loss
     assert make_worker("actor_rollout_ref.actor.use_kl_loss=true").ref is not None
 
 
-def test_fp16_reference_log_probs_equal_the_untrained_actor():
+def test_fp16_reference_log_probs_equal_the_untrained_actor(make_worker):
     # The frozen reference (no trainable parameters) must still run under fp16 autocast, and before any update
     # it holds the actor's own weights, so both give the same log-probs.
     from verl.trainer.data_setup import build_data

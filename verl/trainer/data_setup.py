@@ -11,9 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
 from verl.protocol import DataProto
+from verl.workers.config import PPOConfig
 
 logger = logging.getLogger("verl.trainer")
 _TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -50,7 +49,7 @@ class TrainingData:
     num_train_prompts: int
 
 
-def _datasets(config: DictConfig):
+def _datasets(config: PPOConfig):
     from verl.utils.dataset import RLHFDataset, make_tiny_task_dataset
 
     data = config.data
@@ -68,7 +67,7 @@ def _datasets(config: DictConfig):
     return train, val
 
 
-def build_reward_fn(config: DictConfig, tokenizer):
+def build_reward_fn(config: PPOConfig, tokenizer):
     from verl.workers.reward_manager import get_reward_manager_cls, load_custom_score_fn
 
     manager_cls = get_reward_manager_cls(config.reward_model.reward_manager)
@@ -76,7 +75,7 @@ def build_reward_fn(config: DictConfig, tokenizer):
     return manager_cls(tokenizer=tokenizer, compute_score=load_custom_score_fn(spec) if spec else None)
 
 
-def build_data(config: DictConfig, world_size: int) -> TrainingData:
+def build_data(config: PPOConfig, world_size: int) -> TrainingData:
     """Everything data-shaped the trainer needs; every problem is a ``ValueError`` raised before Ray starts."""
     from verl.models.loading import load_tokenizer
     from verl.utils.dataset import PromptCollator, StatefulPromptLoader

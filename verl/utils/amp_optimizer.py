@@ -5,57 +5,26 @@ exposes ``get_loss_scale()``; both actors end every mini-batch by reading exactl
 a plain ``torch.optim`` optimizer the same interface, so the ``dp`` actor and the CPU path of the ``megatron`` actor
 share one step contract with megatron-core's own optimizer on GPU.
 
-fp16 uses ``torch.amp.GradScaler`` to scale the loss and to unscale and check the gradients in one fused pass. The
-scale itself follows megatron-core's dynamic rule, which GradScaler lacks two parts of: a floor (``min_loss_scale``;
-without one the scale decays towards zero and the run stalls silently) and hysteresis (the number of overflows
-tolerated before backing off). A skipped update leaves the weights, the moments and the optimizer's step count
-untouched, because ``optimizer.step()`` is simply not called. With several data-parallel ranks the gradients are
+fp16 multiplies the loss by a dynamic loss scale, divides the gradients by it before the step, and takes a
+non-finite global gradient norm as the overflow verdict. The scale follows megatron-core's dynamic rule, with the
+two parts torch's ``GradScaler`` lacks: a floor (``min_loss_scale``; without one the scale decays towards zero and
+the run stalls silently) and hysteresis (the number of overflows tolerated before backing off). A skipped update
+leaves the weights, the moments and the optimizer's step count untouched, because ``optimizer.step()`` is simply
+not called. With several data-parallel ranks the gradients are
 averaged before the check and the verdict is all-reduced, so every rank takes the same decision.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from verl.utils.config import cfg_get
-
-
-@dataclass
-class LossScaleConfig:
-    """megatron-core's dynamic loss-scale settings (``OptimizerConfig`` uses the same names).
-
-    Attributes:
-        initial_loss_scale: scale of the first step (megatron-core's default is 2**32).
-        min_loss_scale: the floor the scale never goes below.
-        loss_scale_window: clean steps in a row before the scale doubles.
-        hysteresis: overflows tolerated before the scale halves; the count resets when the scale grows.
-    """
-
-    initial_loss_scale: float = 2.0**32
-    min_loss_scale: float = 1.0
-    loss_scale_window: int = 1000
-    hysteresis: int = 2
-
-    def __post_init__(self):
-        if not self.initial_loss_scale > 0 or not self.min_loss_scale > 0:
-            raise ValueError(
-                f"optim.initial_loss_scale and optim.min_loss_scale must be > 0, got {self.initial_loss_scale} and "
-                f"{self.min_loss_scale}."
-            )
-        if self.min_loss_scale > self.initial_loss_scale:
-            raise ValueError(
-                f"optim.min_loss_scale ({self.min_loss_scale}) must not exceed optim.initial_loss_scale "
-                f"({self.initial_loss_scale})."
-            )
-        for key in ("loss_scale_window", "hysteresis"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"optim.{key} must be an integer >= 1, got {value!r}.")
+if TYPE_CHECKING:  # the schema lives with the workers' config; only its attributes are read here
+    from verl.workers.config import LossScaleConfig, OptimConfig
 
 
 class DynamicLossScale:
@@ -113,10 +82,6 @@ class AmpOptimizer:
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.process_group = process_group
         self.loss_scale = DynamicLossScale(loss_scale) if loss_scale is not None else None
-        self.grad_scaler = None
-        if self.loss_scale is not None:
-            device = self.params[0].device.type
-            self.grad_scaler = torch.amp.GradScaler(device, init_scale=self.loss_scale.scale)
 
     # ------------------------------------------------------------------ the megatron-core interface
 
@@ -129,7 +94,7 @@ class AmpOptimizer:
         return None if self.loss_scale is None else self.loss_scale.config.min_loss_scale
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss if self.grad_scaler is None else self.grad_scaler.scale(loss)
+        return loss if self.loss_scale is None else loss * self.loss_scale.scale
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scale_loss(loss).backward()
@@ -148,28 +113,27 @@ class AmpOptimizer:
         world = self._world_size()
         if world > 1:
             self._all_reduce_grads(world)
-        found_inf = torch.zeros((), dtype=torch.float32, device=self.params[0].device)
-        if self.grad_scaler is not None:
-            self.grad_scaler.unscale_(self.optimizer)
-            for flag in self.grad_scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"].values():
-                found_inf += flag.to(found_inf.device)
-        grads = [p for p in self.params if p.grad is not None]
+        params = [p for p in self.params if p.grad is not None]
+        if self.loss_scale is not None:
+            inv_scale = 1.0 / self.loss_scale.scale
+            for param in params:
+                param.grad.mul_(inv_scale)
         max_norm = self.clip_grad if self.clip_grad > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.zeros(())
-        verdict = torch.stack([found_inf, (~torch.isfinite(grad_norm)).float(), grad_norm.float()])
+        # An overflow anywhere makes the global norm inf or NaN: the norm is the overflow check, in one pass.
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        verdict = torch.stack([(~torch.isfinite(grad_norm)).float(), grad_norm.float()])
         if world > 1:  # gradients are already averaged; this makes the decision identical even if one rank errs
-            flags = verdict[:2].clone()
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
-            verdict[:2] = flags
-        found_inf_flag, nonfinite_norm, norm_value = verdict.tolist()
-        successful = not (found_inf_flag > 0 or nonfinite_norm > 0)
+            flag = verdict[:1].clone()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+            verdict[:1] = flag
+        nonfinite, norm_value = verdict.tolist()
+        successful = nonfinite == 0
         if successful:
             self.optimizer.step()
         if self.loss_scale is not None:
             self.loss_scale.update(found_inf=not successful)
-            self.grad_scaler.update(new_scale=self.loss_scale.scale)
         if not successful:
-            return False, (None if self.grad_scaler is not None else norm_value), None
+            return False, (None if self.loss_scale is not None else norm_value), None
         return True, norm_value, None
 
     # ------------------------------------------------------------------ helpers and state
@@ -202,66 +166,51 @@ class AmpOptimizer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.loss_scale is not None and state.get("loss_scale") is not None:
             self.loss_scale.load_state_dict(state["loss_scale"])
-            self.grad_scaler = torch.amp.GradScaler(self.params[0].device.type, init_scale=self.loss_scale.scale)
 
     @property
     def param_groups(self):
         return self.optimizer.param_groups
 
 
-def loss_scale_config_from(optim_config: Any) -> LossScaleConfig:
-    """The fp16 loss-scale settings of an ``optim`` config section (missing keys take megatron-core's defaults)."""
+def adamw_kwargs(optim: OptimConfig) -> dict[str, Any]:
+    """AdamW's keyword arguments from an ``optim`` section: the one reading of them, for every optimizer built."""
+    return {
+        "lr": optim.lr,
+        "betas": tuple(optim.betas),
+        "eps": optim.eps,
+        "weight_decay": optim.weight_decay,
+    }
 
-    def get(key, default=None):
-        return cfg_get(optim_config, key, default)
 
-    defaults = LossScaleConfig()
+def build_scheduler(torch_optimizer: torch.optim.Optimizer, optim: OptimConfig, total_training_steps: int):
+    """The LR schedule of an ``optim`` section over ``torch_optimizer``'s param groups."""
+    from verl.utils.torch_functional import build_lr_scheduler
 
-    def value(key):
-        # Only a missing or null key takes the default: 0 or a negative number reaches LossScaleConfig's checks.
-        found = get(key, None)
-        return getattr(defaults, key) if found is None else found
-
-    return LossScaleConfig(
-        initial_loss_scale=float(value("initial_loss_scale")),
-        min_loss_scale=float(value("min_loss_scale")),
-        loss_scale_window=value("loss_scale_window"),
-        hysteresis=value("hysteresis"),
+    return build_lr_scheduler(
+        torch_optimizer,
+        optim.lr_scheduler,
+        num_warmup_steps=optim.lr_warmup_steps,
+        num_training_steps=max(total_training_steps, 1),
+        min_lr_ratio=optim.min_lr_ratio,
     )
 
 
 def build_amp_optimizer(
-    params, optim_config: Any, *, dtype: torch.dtype, total_training_steps: int, process_group: Any = None
+    params, optim: OptimConfig, *, dtype: torch.dtype, total_training_steps: int, process_group: Any = None
 ):
-    """AdamW wrapped in :class:`AmpOptimizer`, and its LR schedule, from an ``optim`` config section.
+    """AdamW wrapped in :class:`AmpOptimizer` (loss scaling in fp16), and its LR schedule.
+
+    Args:
+        params: the trained parameters.
+        optim: a validated ``optim`` section (:class:`~verl.workers.config.OptimConfig`).
+        dtype: the compute dtype; float16 turns on the dynamic loss scale of ``optim``.
+        total_training_steps: length of the LR schedule.
+        process_group: the data-parallel group gradients are averaged over.
 
     Returns:
         (optimizer, lr_scheduler)
     """
-    from verl.utils.torch_functional import build_lr_scheduler
-
-    def get(key, default=None):
-        return cfg_get(optim_config, key, default)
-
-    lr = float(get("lr", 1e-6))
-    if not lr > 0:
-        raise ValueError(f"optim.lr must be > 0, got {lr}.")
-    betas = tuple(get("betas", None) or (0.9, 0.999))
-    adamw = torch.optim.AdamW(
-        list(params), lr=lr, betas=betas, weight_decay=float(get("weight_decay", 0.01)), eps=float(get("eps", 1e-8))
-    )
-    loss_scale = loss_scale_config_from(optim_config) if dtype == torch.float16 else None
-    optimizer = AmpOptimizer(
-        adamw, clip_grad=float(get("clip_grad", 1.0)), loss_scale=loss_scale, process_group=process_group
-    )
-    warmup = int(get("lr_warmup_steps", 0) or 0)
-    if warmup < 0:
-        raise ValueError(f"optim.lr_warmup_steps must be >= 0, got {warmup}.")
-    scheduler = build_lr_scheduler(
-        adamw,
-        get("lr_scheduler", "constant"),
-        num_warmup_steps=warmup,
-        num_training_steps=max(total_training_steps, 1),
-        min_lr_ratio=float(get("min_lr_ratio", 0.0) or 0.0),
-    )
-    return optimizer, scheduler
+    adamw = torch.optim.AdamW(list(params), **adamw_kwargs(optim))
+    loss_scale = optim.loss_scale() if dtype == torch.float16 else None
+    optimizer = AmpOptimizer(adamw, clip_grad=optim.clip_grad, loss_scale=loss_scale, process_group=process_group)
+    return optimizer, build_scheduler(adamw, optim, total_training_steps)

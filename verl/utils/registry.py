@@ -9,6 +9,7 @@ that looks the name up, which is why configs can name a ``module`` to import fir
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -74,6 +75,22 @@ class Registry(Generic[T]):
             raise ValueError(
                 f"Unknown {self.kind} {name!r}{where}. Registered: {', '.join(self.names()) or '(none)'}."
             ) from None
+
+    @contextlib.contextmanager
+    def scoped(self) -> Iterator[Registry[T]]:
+        """Registrations made inside the block are undone when it ends (tests, notebooks trying a handler).
+
+        Example::
+
+            with UPDATE_OUTCOME_HANDLER_REGISTRY.scoped():
+                importlib.import_module("my.handlers")  # registers "mine" until the block ends
+        """
+        saved = dict(self._entries)
+        try:
+            yield self
+        finally:
+            self._entries.clear()
+            self._entries.update(saved)
 
     def names(self) -> list[str]:
         """The registered names, sorted."""

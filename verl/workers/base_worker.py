@@ -1,45 +1,32 @@
-"""The Ray worker that owns the actor, its rollout and the reference model on one data-parallel rank.
+"""The Ray workers that own the models of one data-parallel rank: actor + rollout + reference, and critic.
 
-The driver calls its ``@register``'ed methods on the whole group; DataProto arguments are split across ranks and
-the results gathered (``Dispatch.DP_COMPUTE_PROTO``). The backend (``dp`` or ``megatron``) only decides how the
-actor and the reference are built (:meth:`ActorRolloutRefWorker._build_actor`); everything else — rollout over the
-actor's own forward pass, log-probs, updates, checkpoints — is the same code for both.
+The driver calls their ``@register``'ed methods on the whole group; DataProto arguments are split across ranks and
+the results gathered (``Dispatch.DP_COMPUTE_PROTO``). Both receive the validated
+:class:`~verl.workers.config.PPOConfig`. The backend (``dp`` or ``megatron``) only decides how the models are
+built (:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_critic`, implemented in
+``dp_workers.py`` and ``megatron_workers.py``); everything else — rollout over the actor's own forward pass,
+log-probs, updates, checkpoints — is the same code for both.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
-from verl.trainer.config_validation import needs_reference
+from verl.utils.checkpoint import load_state, rng_state_path, save_state
 from verl.workers.actor.base import BasePPOActor
+from verl.workers.config import ActorConfig, CriticConfig, PPOConfig
 
 logger = logging.getLogger(__name__)
 
 
-def per_rank_config(
-    section: DictConfig, rollout_n: int, world_size: int, key: str = "actor_rollout_ref.actor"
-) -> DictConfig:
-    """A trained model's config with ``ppo_mini_batch_size`` turned from prompts into samples on each rank."""
-    cfg = OmegaConf.create(OmegaConf.to_container(section, resolve=True))
-    samples = int(cfg.ppo_mini_batch_size) * int(rollout_n)
-    if samples % world_size:
-        raise ValueError(
-            f"{key}.ppo_mini_batch_size x rollout.n = {samples} samples do not split over "
-            f"{world_size} ranks; make it a multiple of trainer.n_gpus_per_node x trainer.nnodes."
-        )
-    cfg.ppo_mini_batch_size = samples // world_size
-    return cfg
-
-
-def choose_device(config: DictConfig) -> str:
+def choose_device(config: PPOConfig) -> str:
     device = config.trainer.device
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -58,67 +45,115 @@ def setup_worker_process(worker: Worker) -> str:
     return choose_device(worker.config)
 
 
-class ActorRolloutRefWorker(Worker):
-    """Actor + rollout + (optional) reference on one rank. Subclasses implement :meth:`_build_actor`.
+def _process_group():
+    return dist.group.WORLD if dist.is_initialized() else None
 
-    Args:
-        config: the whole trainer config.
-        total_training_steps: the run's step count (sizes the LR schedule).
-    """
 
-    def __init__(self, config: DictConfig, total_training_steps: int):
+class _ModelWorker(Worker):
+    """What both workers share: the config, the step count, checkpoint plumbing (rank 0 writes the model)."""
+
+    def __init__(self, config: PPOConfig, total_training_steps: int):
         super().__init__()
         self.config = config
         self.total_training_steps = total_training_steps
+
+    def _trained(self):
+        raise NotImplementedError
+
+    def _device(self) -> str:
+        return next(self._trained().model_module().parameters()).device.type
+
+    def _save_rank_state(self, directory: Path) -> None:
+        """Per-rank random state (each rank samples differently); subclasses add what they own."""
+        save_state(rng_state_path(directory, self.rank), self._rank_state())
+
+    def _rank_state(self) -> dict:
+        return {"torch": torch.get_rng_state()}
+
+    def _load_rank_state(self, directory: Path) -> None:
+        path = rng_state_path(directory, self.rank)
+        if not path.is_file():
+            logger.warning(
+                "%s has no random state for rank %d: sampling continues from fresh seeds", directory, self.rank
+            )
+            return
+        self._restore_rank_state(load_state(path))
+
+    def _restore_rank_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, directory: str) -> None:
+        """Rank 0 writes the model and its training state (data-parallel ranks hold identical copies); every rank
+        writes its own random state."""
+        directory = Path(directory)
+        if self.rank == 0:
+            self._trained().save_checkpoint(directory)
+        if dist.is_initialized():
+            dist.barrier()  # the directory exists once rank 0 is through
+        directory.mkdir(parents=True, exist_ok=True)
+        self._save_rank_state(directory)
+        if dist.is_initialized():
+            dist.barrier()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, directory: str) -> None:
+        self._trained().load_checkpoint(directory)
+        self._load_rank_state(Path(directory))
+
+
+class ActorRolloutRefWorker(_ModelWorker):
+    """Actor + rollout + (optional) reference on one rank. Subclasses implement :meth:`_build_actor`.
+
+    Args:
+        config: the whole validated trainer config.
+        total_training_steps: the run's step count (sizes the LR schedule).
+    """
+
+    def __init__(self, config: PPOConfig, total_training_steps: int):
+        super().__init__(config, total_training_steps)
         self.actor: BasePPOActor | None = None
         self.ref: BasePPOActor | None = None
         self.rollout = None
 
-    # ------------------------------------------------------------------ backend hook
-
-    def _build_actor(self, actor_config: DictConfig, device: str, trainable: bool) -> BasePPOActor:
+    def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> BasePPOActor:
         """Build the backend's actor (``trainable=False``: a frozen reference without optimizer)."""
         raise NotImplementedError
+
+    def _trained(self) -> BasePPOActor:
+        return self.actor
 
     # ------------------------------------------------------------------ set-up
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
         """Join torch.distributed, build actor, reference and rollout; returns a one-line description."""
+        from verl.models.loading import load_tokenizer
         from verl.workers.rollout import get_rollout_cls
 
         cfg = self.config
+        arr = cfg.actor_rollout_ref
         device = setup_worker_process(self)
-        torch.manual_seed(int(cfg.actor_rollout_ref.actor.seed))
-        actor_config = per_rank_config(cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n, self.world_size)
+        torch.manual_seed(arr.actor.seed)
+        actor_config = arr.actor.per_rank(arr.rollout.n, self.world_size)
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
-        if needs_reference(cfg):
-            ref_config = actor_config.copy()
-            ref_config.log_prob_micro_batch_size_per_gpu = cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        if cfg.needs_reference:
+            ref_config = actor_config.replace(
+                log_prob_micro_batch_size_per_gpu=arr.ref.log_prob_micro_batch_size_per_gpu
+            )
             self.ref = self._build_actor(ref_config, device, trainable=False)
-        from verl.models.loading import load_tokenizer
-
-        tokenizer = load_tokenizer(self._tokenizer_path())
-        rollout_cls = get_rollout_cls(cfg.actor_rollout_ref.rollout.name)
-        rollout_config = OmegaConf.to_container(cfg.actor_rollout_ref.rollout, resolve=True)
-        rollout_config["seed"] = int(rollout_config.get("seed") or 0) + self.rank  # ranks sample differently
-        rollout_config.pop("val_kwargs", None)
-        rollout_config.pop("name", None)
-        self.rollout = rollout_cls(
+        tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path)
+        self.rollout = get_rollout_cls(arr.rollout.name)(
             self._rollout_model(),
-            rollout_config,
+            arr.rollout.sampling_options(seed_offset=self.rank),  # ranks sample differently
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
         return (
             f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)}), "
-            f"rollout {cfg.actor_rollout_ref.rollout.name}"
+            f"rollout {arr.rollout.name}"
         )
-
-    def _tokenizer_path(self) -> str:
-        model_cfg = self.config.actor_rollout_ref.model
-        return model_cfg.tokenizer_path or model_cfg.path
 
     def _rollout_model(self):
         """What the rollout samples from: the actor's own forward pass, in the training precision."""
@@ -127,8 +162,8 @@ class ActorRolloutRefWorker(Worker):
         actor = self.actor
 
         def logits_fn(input_ids, attention_mask, position_ids):
-            with actor._autocast():
-                return actor._forward_logits(input_ids, attention_mask, position_ids).float()
+            with actor.autocast():
+                return actor.forward_logits(input_ids, attention_mask, position_ids).float()
 
         return logits_fn
 
@@ -158,25 +193,48 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, data: DataProto) -> dict[str, float]:
         return self.actor.update_policy(data.to(self._device()))
 
-    def _device(self) -> str:
-        return next(self.actor.model_module().parameters()).device.type
+    # ------------------------------------------------------------------ checkpoint state of this rank
 
-    # ------------------------------------------------------------------ checkpoints
+    def _rank_state(self) -> dict:
+        return {**super()._rank_state(), "rollout": self.rollout.state_dict()}
+
+    def _restore_rank_state(self, state: dict) -> None:
+        super()._restore_rank_state(state)
+        self.rollout.load_state_dict(state["rollout"])
+
+
+class CriticWorker(_ModelWorker):
+    """The critic on one rank. Subclasses implement :meth:`_build_critic`.
+
+    It starts from the actor's model (``actor_rollout_ref.model.path``) with a fresh value head, trains with its own
+    optimizer, schedule and update-failure policy (``critic.update_failure_policy``, role "critic"), and checkpoints
+    next to the actor.
+    """
+
+    def __init__(self, config: PPOConfig, total_training_steps: int):
+        super().__init__(config, total_training_steps)
+        self.critic = None
+
+    def _build_critic(self, critic_config: CriticConfig, device: str):
+        raise NotImplementedError
+
+    def _trained(self):
+        return self.critic
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, directory: str) -> None:
-        """Rank 0 writes the actor (data-parallel ranks hold identical weights and optimizer state)."""
-        if self.rank == 0:
-            self.actor.save_checkpoint(directory)
-        if dist.is_initialized():
-            dist.barrier()
+    def init_model(self) -> str:
+        device = setup_worker_process(self)
+        cfg = self.config
+        torch.manual_seed(cfg.critic.seed)
+        self.critic = self._build_critic(cfg.critic.per_rank(cfg.actor_rollout_ref.rollout.n, self.world_size), device)
+        self.critic.model_module().train()
+        return f"rank {self.rank}: {type(self.critic).__name__} on {device}"
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, directory: str) -> None:
-        self.actor.load_checkpoint(directory)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        values = self.critic.compute_values(data.to(self._device()))
+        return DataProto.from_dict(tensors={"values": values.cpu()})
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def describe_update_policy(self) -> dict[str, Any]:
-        """The handler class and its counters on this rank (for tests and tools that inspect the policy in use)."""
-        handler = self.actor.update_outcome_handler
-        return {"handler_class": f"{type(handler).__module__}.{type(handler).__qualname__}", **handler.state_dict()}
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        return self.critic.update_critic(data.to(self._device()))

@@ -2,37 +2,41 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
-import torch.distributed as dist
-from omegaconf import DictConfig
 
-from verl.utils.amp_optimizer import build_amp_optimizer
-from verl.workers.actor.base import resolve_dtype
-from verl.workers.actor.dp_actor import DataParallelPPOActor
-from verl.workers.base_worker import ActorRolloutRefWorker
-
-logger = logging.getLogger(__name__)
+from verl.workers.actor.dp_actor import DataParallelPPOActor, build_dp_actor
+from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _process_group
+from verl.workers.config import ActorConfig, CriticConfig
 
 
 class DPActorRolloutRefWorker(ActorRolloutRefWorker):
     """Actor, rollout and reference over a Hugging Face causal LM."""
 
-    def _build_actor(self, actor_config: DictConfig, device: str, trainable: bool) -> DataParallelPPOActor:
+    def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> DataParallelPPOActor:
         from verl.models.loading import load_hf_causal_lm
 
         module = load_hf_causal_lm(self.config.actor_rollout_ref.model.path, dtype=torch.float32, device=device)
-        if not trainable:
-            module.eval().requires_grad_(False)
-            return DataParallelPPOActor(actor_config, module, optimizer=None, rank=self.rank)
-        dtype = resolve_dtype(actor_config.dtype, "actor_rollout_ref.actor.dtype")
-        optimizer, scheduler = build_amp_optimizer(
-            module.parameters(),
-            actor_config.optim,
-            dtype=dtype,
+        return build_dp_actor(
+            actor_config,
+            module,
             total_training_steps=self.total_training_steps,
-            process_group=dist.group.WORLD if dist.is_initialized() else None,
+            trainable=trainable,
+            rank=self.rank,
+            process_group=_process_group(),
         )
-        logger.info("dp actor: %s master weights, %s compute, on %s", torch.float32, dtype, device)
-        return DataParallelPPOActor(actor_config, module, optimizer, scheduler, rank=self.rank)
+
+
+class DPCriticWorker(CriticWorker):
+    """The critic as a Hugging Face backbone with a value head."""
+
+    def _build_critic(self, critic_config: CriticConfig, device: str):
+        from verl.workers.critic.dp_critic import build_dp_critic
+
+        return build_dp_critic(
+            self.config.actor_rollout_ref.model.path,
+            critic_config,
+            total_training_steps=self.total_training_steps,
+            rank=self.rank,
+            process_group=_process_group(),
+            device=device,
+        )

@@ -1,40 +1,56 @@
 """Ray workers of the ``megatron`` backend: megatron-core GPTModels initialised from Hugging Face weights.
 
 Which training path runs (megatron-core's optimizer, DDP and schedules on CUDA; the torch.optim adapter on CPU)
-is decided by :func:`verl.workers.actor.megatron_builder.build_megatron_actor`, which logs it.
+is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
-import torch.distributed as dist
-from omegaconf import DictConfig
 
 from verl.workers.actor.megatron_actor import MegatronPPOActor
-from verl.workers.base_worker import ActorRolloutRefWorker
+from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _process_group
+from verl.workers.config import ActorConfig, CriticConfig
 
-logger = logging.getLogger(__name__)
+
+def _load_hf(path: str):
+    from verl.models.loading import load_hf_causal_lm
+
+    return load_hf_causal_lm(path, dtype=torch.float32, device="cpu")
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     """Actor, rollout and reference over a megatron-core GPTModel."""
 
-    def _build_actor(self, actor_config: DictConfig, device: str, trainable: bool) -> MegatronPPOActor:
-        from verl.models.loading import load_hf_causal_lm
+    def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> MegatronPPOActor:
         from verl.workers.actor.megatron_builder import build_megatron_actor
 
-        hf_model = load_hf_causal_lm(self.config.actor_rollout_ref.model.path, dtype=torch.float32, device="cpu")
-        actor = build_megatron_actor(
+        hf_model = _load_hf(self.config.actor_rollout_ref.model.path)
+        return build_megatron_actor(
             hf_model.config,
             actor_config,
             device=device,
             total_training_steps=self.total_training_steps,
             hf_state_dict=hf_model.state_dict(),
+            trainable=trainable,
             rank=self.rank,
-            process_group=dist.group.WORLD if dist.is_initialized() else None,
+            process_group=_process_group(),
         )
-        if not trainable:
-            actor.model_module().eval().requires_grad_(False)
-        return actor
+
+
+class MegatronCriticWorker(CriticWorker):
+    """The critic as a megatron-core GPTModel with a value head."""
+
+    def _build_critic(self, critic_config: CriticConfig, device: str):
+        from verl.workers.critic.megatron_critic import build_megatron_critic
+
+        hf_model = _load_hf(self.config.actor_rollout_ref.model.path)
+        return build_megatron_critic(
+            hf_model.config,
+            critic_config,
+            total_training_steps=self.total_training_steps,
+            hf_state_dict=hf_model.state_dict(),
+            device=device,
+            rank=self.rank,
+            process_group=_process_group(),
+        )

@@ -429,10 +429,10 @@ def test_remax_is_score_minus_baseline():
 
 
 @pytest.fixture
-def isolated_registries(monkeypatch):
+def isolated_registries():
     """Let a test register names without leaking them into other tests."""
-    for registry in (ca.POLICY_LOSS_REGISTRY, ca.ADV_ESTIMATOR_REGISTRY):
-        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    with ca.POLICY_LOSS_REGISTRY.scoped(), ca.ADV_ESTIMATOR_REGISTRY.scoped():
+        yield
 
 
 def test_register_custom_policy_loss(isolated_registries):

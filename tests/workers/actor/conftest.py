@@ -6,6 +6,7 @@ from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from verl.protocol import DataProto
+from verl.workers.config import ActorConfig, load_section
 
 VOCAB, PROMPT, RESPONSE = 32, 4, 4
 
@@ -38,40 +39,16 @@ def tiny_qwen2(seed=0, vocab=VOCAB):
 
 
 def actor_config(**overrides):
+    """The YAML's actor section with the test sizes (ppo_mini_batch_size counts samples on the one rank here)."""
     base = {
-        "strategy": "dp",
         "dtype": "float32",
         "ppo_mini_batch_size": 8,
         "ppo_micro_batch_size_per_gpu": 4,
         "log_prob_micro_batch_size_per_gpu": 8,
-        "ppo_epochs": 1,
-        "shuffle": False,
-        "policy_loss": "vanilla",
-        "clip_ratio": 0.2,
-        "clip_ratio_low": None,
-        "clip_ratio_high": None,
-        "clip_ratio_c": 3.0,
-        "loss_agg_mode": "token-mean",
-        "entropy_coeff": 0.0,
-        "use_kl_loss": False,
-        "kl_loss_coef": 0.001,
-        "kl_loss_type": "low_var_kl",
-        "update_failure_policy": "auto",
-        "fault_injection": {"nonfinite_grad_steps": [], "ranks": None},
-        "optim": {
-            "lr": 1e-2,
-            "weight_decay": 0.0,
-            "clip_grad": 1.0,
-            "lr_warmup_steps": 0,
-            "lr_scheduler": "constant",
-            "initial_loss_scale": 2.0**32,
-            "min_loss_scale": 1.0,
-            "loss_scale_window": 1000,
-            "hysteresis": 2,
-        },
+        "optim": {"lr": 1e-2},
     }
-    cfg = OmegaConf.create(base)
-    return OmegaConf.merge(cfg, OmegaConf.create(overrides))
+    merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(overrides))
+    return load_section(ActorConfig, OmegaConf.to_container(merged))
 
 
 def ppo_batch(num_samples=8, seed=0):

@@ -6,18 +6,14 @@ import pytest
 import torch
 
 from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
-from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.utils.checkpoint import atomic_directory
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import build_dp_actor
 from verl.workers.update_outcome import FP16WarnAndCountHandler, StrictHandler, UpdateFailedError
 
 
 def make_actor(seed=0, **overrides):
     model = tiny_qwen2(seed)
-    cfg = actor_config(**overrides)
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[cfg.dtype]
-    optimizer, scheduler = build_amp_optimizer(model.parameters(), cfg.optim, dtype=dtype, total_training_steps=100)
-    return DataParallelPPOActor(cfg, model, optimizer, scheduler)
+    return build_dp_actor(actor_config(**overrides), model, total_training_steps=100)
 
 
 def batch_with_old_log_probs(actor, seed=0):
@@ -132,7 +128,7 @@ def test_fire_drill_config_is_validated():
 
 
 def test_bad_batch_sizes_are_rejected():
-    with pytest.raises(ValueError, match="positive multiple of ppo_micro_batch_size_per_gpu"):
+    with pytest.raises(ValueError, match="must be a multiple of ppo_micro_batch_size_per_gpu"):
         make_actor(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=4)
 
 

@@ -42,7 +42,9 @@ def test_poisoned_loss_gives_nan_gradients_and_logs_once_per_step(caplog):
     assert sum("poisoned the losses of update step 3" in r.message for r in caplog.records) == 1
 
 
-@pytest.mark.parametrize("steps", [[0], [1.5], "3"])
+@pytest.mark.parametrize("steps", [[0], [-1], [1.5], "3"])
 def test_bad_steps_name_the_key(steps):
-    with pytest.raises(ValueError, match=r"actor\.fault_injection\.nonfinite_grad_steps"):
-        FaultInjector(steps, config_prefix="actor.fault_injection")
+    from tests.workers.actor.conftest import actor_config
+
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.fault_injection\.nonfinite_grad_steps"):
+        actor_config(fault_injection={"nonfinite_grad_steps": steps})

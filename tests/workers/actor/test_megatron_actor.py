@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
-from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.utils.checkpoint import atomic_directory
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.actor.dp_actor import build_dp_actor
 from verl.workers.actor.megatron_builder import build_megatron_actor
+from verl.workers.actor.update_loop import build_loop_parts
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
 
 pytestmark = pytest.mark.usefixtures("megatron_world_of_one")
@@ -60,10 +60,7 @@ def test_training_path_is_the_cpu_adapter():
 def test_log_probs_equal_the_dp_actor_on_the_same_weights():
     hf_model = tiny_qwen2(seed=0)
     megatron = make_megatron_actor(hf_model)
-    optimizer, _ = build_amp_optimizer(
-        hf_model.parameters(), actor_config().optim, dtype=torch.float32, total_training_steps=1
-    )
-    dp = DataParallelPPOActor(actor_config(), hf_model, optimizer)
+    dp = build_dp_actor(actor_config(), hf_model, total_training_steps=1)
     batch = ppo_batch()
     got, _ = megatron.compute_log_prob(batch)
     want, _ = dp.compute_log_prob(batch)
@@ -152,10 +149,7 @@ def test_a_success_resets_the_consecutive_count():
 def test_metric_names_match_the_dp_actor():
     hf_model = tiny_qwen2(seed=0)
     megatron = make_megatron_actor(hf_model, dtype="float16")
-    optimizer, scheduler = build_amp_optimizer(
-        hf_model.parameters(), actor_config().optim, dtype=torch.float16, total_training_steps=1
-    )
-    dp = DataParallelPPOActor(actor_config(dtype="float16"), hf_model, optimizer, scheduler)
+    dp = build_dp_actor(actor_config(dtype="float16"), hf_model, total_training_steps=1)
     batch = with_old_log_probs(dp)
     assert set(megatron.update_policy(batch)) == set(dp.update_policy(batch))
 
@@ -181,7 +175,10 @@ def test_checkpoint_restores_loss_scaler_and_handler(tmp_path):
     "megatron, match",
     [
         ({"use_megatron_optimizer": True}, "use_megatron_optimizer=true needs CUDA"),
-        ({"use_megatron_optimizer": "yes"}, "must be auto, true or false"),
+        (
+            {"use_megatron_optimizer": "yes"},
+            r"use_megatron_optimizer='yes' has the wrong type: expected bool \| 'auto'",
+        ),
         ({"tensor_model_parallel_size": 2}, "tensor/pipeline parallel sizes 2/1 need megatron-core"),
         ({"pipeline_model_parallel_size": 2}, "tensor/pipeline parallel sizes 1/2 need megatron-core"),
         ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size must be an integer >= 1, got 0"),
@@ -228,8 +225,8 @@ def test_megatron_core_optimizer_config_carries_the_fp16_settings():
         False,
     )
     assert megatron_optimizer_config(optim, torch.bfloat16).bf16
-    with pytest.raises(ValueError, match="optim.lr must be > 0"):
-        megatron_optimizer_config(actor_config(optim={"lr": 0.0}).optim, torch.float16)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.optim\.lr must be a number > 0"):
+        actor_config(optim={"lr": 0.0})  # a bad value never reaches an optimizer: the config refuses it
 
 
 class CountingOptimizer:
@@ -255,11 +252,13 @@ def test_bf16_megatron_core_path_refuses_non_finite_gradients(poison):
 
     model = make_megatron_actor().model
     optimizer = CountingOptimizer()
+    config = megatron_config(dtype="bfloat16", update_failure_policy="fp16_warn_and_count")
     actor = MegatronPPOActor(
-        megatron_config(dtype="bfloat16", update_failure_policy="fp16_warn_and_count"),
+        config,
         model,
         optimizer,
         use_megatron_schedule=True,  # the GPU path's step logic, driven here without CUDA
+        **build_loop_parts(config, rank=0),
     )
     for param in model.parameters():
         param.main_grad = torch.ones_like(param)  # where megatron-core's DDP leaves the reduced gradients

@@ -7,13 +7,13 @@ P + t - 1 = 1, 2 (the log-prob alignment), i.e. vpreds = [1, 2] in every row; th
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from tests.workers.actor.conftest import actor_config, tiny_qwen2
 from tests.workers.critic.conftest import critic_config
 from verl.protocol import DataProto
-from verl.utils.amp_optimizer import AmpOptimizer, build_amp_optimizer
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.utils.amp_optimizer import AmpOptimizer
+from verl.workers.actor.dp_actor import build_dp_actor
+from verl.workers.actor.update_loop import build_loop_parts
 from verl.workers.critic import DataParallelPPOCritic
 from verl.workers.update_outcome import FP16WarnAndCountHandler, StrictHandler, UpdateFailedError
 
@@ -50,7 +50,7 @@ def scripted_critic(micro=2, **overrides):
     module = ScriptedValues()
     # plain SGD with lr 1 and no clipping: the update is exactly minus the gradient
     optimizer = AmpOptimizer(torch.optim.SGD(module.parameters(), lr=1.0), clip_grad=0.0)
-    return DataParallelPPOCritic(cfg, module, optimizer)
+    return DataParallelPPOCritic(cfg, module, optimizer, **build_loop_parts(cfg, rank=0))
 
 
 def test_compute_values_reads_positions_p_plus_t_minus_1_and_masks_padding():
@@ -121,8 +121,7 @@ def test_fire_drill_under_fp16_warn_and_count_skips_and_counts():
 def test_auto_follows_the_critic_dtype_not_the_actor_dtype():
     lm = tiny_qwen2()
     actor_cfg = actor_config(dtype="float16")
-    optimizer, _ = build_amp_optimizer(lm.parameters(), actor_cfg.optim, dtype=torch.float16, total_training_steps=1)
-    actor = DataParallelPPOActor(actor_cfg, lm, optimizer)
+    actor = build_dp_actor(actor_cfg, lm, total_training_steps=1)
     assert isinstance(actor.update_outcome_handler, FP16WarnAndCountHandler)
     assert isinstance(scripted_critic(dtype="float32").update_outcome_handler, StrictHandler)
     assert isinstance(scripted_critic(dtype="bfloat16").update_outcome_handler, StrictHandler)
@@ -140,13 +139,11 @@ def test_bad_critic_config_values_name_the_critic_keys():
         scripted_critic(update_failure_policy="no_such_policy")
 
 
-def test_a_critic_has_no_log_probs():
-    with pytest.raises(TypeError, match="compute_values"):
-        scripted_critic().compute_log_prob(scripted_batch())
+def test_the_critic_is_the_actors_sibling_not_its_subclass():
+    # One update loop, two roles: the critic has no log-prob pass and no policy loss to inherit by accident.
+    from verl.workers.actor.base import BasePPOActor
+    from verl.workers.actor.update_loop import UpdateLoop
 
-
-def test_config_is_read_from_plain_dicts_too():
-    cfg = OmegaConf.to_container(critic_config(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2))
-    module = ScriptedValues()
-    critic = DataParallelPPOCritic(cfg, module, AmpOptimizer(torch.optim.SGD(module.parameters(), lr=1.0)))
-    assert critic.update_critic(scripted_batch())["critic/vf_loss"] == pytest.approx(3.5 / 6)
+    critic = scripted_critic()
+    assert isinstance(critic, UpdateLoop) and not isinstance(critic, BasePPOActor)
+    assert not hasattr(critic, "compute_log_prob") and critic.role == "critic"

@@ -7,6 +7,7 @@ from tests.workers.actor.conftest import tiny_qwen2
 from tests.workers.critic.conftest import critic_config, value_batch
 from verl.models.mcore import build_gpt_model, load_hf_weights_into_mcore
 from verl.utils.amp_optimizer import AmpOptimizer
+from verl.workers.actor.update_loop import build_loop_parts
 from verl.workers.critic import DataParallelPPOCritic, ValueModel
 from verl.workers.critic.megatron_critic import (
     MegatronPPOCritic,
@@ -51,8 +52,9 @@ def test_values_match_the_dp_value_model_on_the_same_lm_and_head():
     attach_value_head(mc_model, head_init_std=1.0, seed=3)
     cfg = critic_config()
     batch = value_batch()
-    dp = DataParallelPPOCritic(cfg, dp_model, AmpOptimizer(torch.optim.SGD(dp_model.parameters(), lr=0.0)))
-    mc = MegatronPPOCritic(cfg, mc_model, AmpOptimizer(torch.optim.SGD(mc_model.parameters(), lr=0.0)))
+    parts = build_loop_parts(cfg, rank=0)
+    dp = DataParallelPPOCritic(cfg, dp_model, AmpOptimizer(torch.optim.SGD(dp_model.parameters(), lr=0.0)), **parts)
+    mc = MegatronPPOCritic(cfg, mc_model, AmpOptimizer(torch.optim.SGD(mc_model.parameters(), lr=0.0)), **parts)
     dp_values, mc_values = dp.compute_values(batch), mc.compute_values(batch)
     assert dp_values.abs().max() > 0.5
     torch.testing.assert_close(mc_values, dp_values, atol=1e-4, rtol=1e-4)
@@ -112,9 +114,14 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 def test_unavailable_paths_fail_with_a_clear_message():
-    with pytest.raises(ValueError, match="GPU path .* is not available yet"):
+    with pytest.raises(
+        ValueError, match=r"critic\.megatron\.use_megatron_optimizer=true: .*no megatron-core optimizer path"
+    ):
         make_critic(megatron={"use_megatron_optimizer": True})
-    with pytest.raises(ValueError, match="tensor/pipeline parallel sizes 2/1"):
+    with pytest.raises(ValueError, match=r"critic\.megatron: tensor/pipeline parallel sizes 2/1"):
         make_critic(megatron={"tensor_model_parallel_size": 2})
-    with pytest.raises(ValueError, match="use_megatron_optimizer must be"):
+    with pytest.raises(ValueError, match=r"critic\.megatron\.use_megatron_optimizer='yes' has the wrong type"):
         make_critic(megatron={"use_megatron_optimizer": "yes"})
+    # a parallel size of 0 is refused, not silently turned into 1
+    with pytest.raises(ValueError, match=r"critic\.megatron\.tensor_model_parallel_size must be an integer >= 1"):
+        make_critic(megatron={"tensor_model_parallel_size": 0})

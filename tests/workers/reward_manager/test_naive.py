@@ -61,9 +61,12 @@ def test_registry():
     assert register_reward_manager("naive")(NaiveRewardManager) is NaiveRewardManager  # same class: no-op
 
 
-def test_verl_register_decorator(monkeypatch):
-    # isolate the registry so the test's manager does not leak into other tests
-    monkeypatch.setattr(REWARD_MANAGER_REGISTRY, "_entries", dict(REWARD_MANAGER_REGISTRY._entries))
+def test_verl_register_decorator():
+    with REWARD_MANAGER_REGISTRY.scoped():  # the test's manager must not leak into other tests
+        _check_verl_register_decorator()
+
+
+def _check_verl_register_decorator():
     assert register_reward_manager is register  # the old name is an alias of verl's
 
     @register("test_constant")

@@ -30,7 +30,7 @@ def failure(step):
     [
         ("float16", FP16WarnAndCountHandler),
         (torch.float16, FP16WarnAndCountHandler),
-        ("fp16", FP16WarnAndCountHandler),
+        ("fp16", StrictHandler),  # not a dtype the config accepts: only "float16" means fp16
         ("bfloat16", StrictHandler),
         ("float32", StrictHandler),
         (torch.bfloat16, StrictHandler),

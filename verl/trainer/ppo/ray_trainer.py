@@ -18,14 +18,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 
 from verl.protocol import DataProto
-from verl.trainer.config_validation import check_resume_path, computes_old_log_prob, needs_reference
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
-from verl.utils.checkpoint import atomic_directory, find_latest_checkpoint, load_state, save_state
+from verl.utils.checkpoint import atomic_directory, load_state, save_state
 from verl.utils.tracking import Tracking
+from verl.workers.config import PPOConfig
 
 logger = logging.getLogger("verl.trainer")
 
@@ -43,7 +42,7 @@ class RayPPOTrainer:
     """The PPO/GRPO training loop.
 
     Args:
-        config: the whole trainer config.
+        config: the whole validated trainer config.
         train_loader: yields prompt batches (DataProto) forever, with ``state_dict``/``load_state_dict``.
         val_batches: validation prompt batches (DataProto), or an empty list.
         reward_fn: DataProto -> token-level scores (B, R).
@@ -51,11 +50,12 @@ class RayPPOTrainer:
         critic_wg: the critic worker group, or None.
         tracker: the metric sinks.
         total_training_steps: how many steps :meth:`fit` runs.
+        resume_from: the checkpoint to resume from, chosen and verified before the workers started (None: fresh).
     """
 
     def __init__(
         self,
-        config: DictConfig,
+        config: PPOConfig,
         train_loader,
         val_batches: list[DataProto],
         reward_fn,
@@ -63,6 +63,7 @@ class RayPPOTrainer:
         critic_wg,
         tracker: Tracking,
         total_training_steps: int,
+        resume_from: Path | None = None,
     ):
         self.config = config
         self.train_loader = train_loader
@@ -74,14 +75,21 @@ class RayPPOTrainer:
         self.total_training_steps = total_training_steps
         self.global_step = 0
         self.last_checkpoint: Path | None = None
-        self.use_ref = needs_reference(config)
-        self.computes_old_log_prob = computes_old_log_prob(config)
+        self.last_metrics: dict[str, float] = {}
+        self.use_ref = config.needs_reference
+        self.computes_old_log_prob = config.computes_old_log_prob
+        self.roles = ("actor", "critic") if critic_wg is not None else ("actor",)
+        # the checkpoint to resume from, chosen and verified by the caller before the workers started
+        self.resume_from = resume_from
 
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> dict[str, float]:
         """Train for ``total_training_steps`` steps (from the resumed step, if any); returns the last metrics."""
         self.maybe_resume()
+        # Rows of steps that run again (after the checkpoint, or all of them on a fresh start) go, so that every
+        # step appears once in metrics.jsonl.
+        self.tracker.truncate_after(self.global_step if self.last_checkpoint is not None else -1)
         trainer_cfg = self.config.trainer
         last: dict[str, float] = {}
         if trainer_cfg.val_before_train and trainer_cfg.test_freq > 0 and self.val_batches and self.global_step == 0:
@@ -114,8 +122,55 @@ class RayPPOTrainer:
                 failed=int(metrics.get("actor/update_failures_total", 0)),
             )
             last = metrics
+            self.last_metrics = metrics
         progress.close()
         return last
+
+    # ------------------------------------------------------------------ the run's summary
+
+    def update_counts(self) -> dict[str, tuple[int, int]]:
+        """(updates applied, updates skipped) of each trained role over the whole run, resumed parts included."""
+        counts = {}
+        for role in self.roles:
+            attempted = self.last_metrics.get(f"{role}/num_updates_attempted")
+            if attempted is None:
+                continue
+            skipped = int(self.last_metrics.get(f"{role}/update_failures_total", 0))
+            counts[role] = (int(attempted) - skipped, skipped)
+        return counts
+
+    def final_summary(self) -> str:
+        keys = ("critic/score/mean", "val/score/mean", "actor/update_failures_total", "actor/loss_scale")
+        return ", ".join(f"{k}={self.last_metrics[k]:.4g}" for k in keys if k in self.last_metrics)
+
+    def log_update_summary(self) -> None:
+        """One line of updates applied and skipped per role; a warning, with the reason, for a role that never
+        applied one (a run can end with exit 0 and an untrained model: say so)."""
+        counts = self.update_counts()
+        if not counts:
+            return
+        logger.info(
+            "updates over the run: %s",
+            "; ".join(f"{role} {applied} applied, {skipped} skipped" for role, (applied, skipped) in counts.items()),
+        )
+        for role, (applied, skipped) in counts.items():
+            if applied == 0 and skipped > 0:
+                logger.warning("%s: no update was applied in this run. %s", role, self._why_nothing_applied(role))
+
+    def _why_nothing_applied(self, role: str) -> str:
+        section = self.config.actor_rollout_ref.actor if role == "actor" else self.config.critic
+        key = "actor_rollout_ref.actor" if role == "actor" else "critic"
+        scale = self.last_metrics.get(f"{role}/loss_scale")
+        if section.dtype == "float16" and scale is not None and scale > section.optim.min_loss_scale:
+            return (
+                f"The fp16 loss scale was still backing off (now {scale:g}, from {key}.optim.initial_loss_scale="
+                f"{section.optim.initial_loss_scale:g}): run more steps, or start lower, e.g. "
+                f"{key}.optim.initial_loss_scale=65536."
+            )
+        return (
+            "Every update had non-finite gradients with no loss scale left to back off: check the data, "
+            f"{key}.optim.lr and {key}.dtype (bfloat16 or float32 rule out fp16 overflow)."
+        )
 
     @contextmanager
     def _timed(self, timing: dict[str, float], name: str):
@@ -132,7 +187,7 @@ class RayPPOTrainer:
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
         with self._timed(timing, "gen"):
             batch = self.actor_wg.generate_sequences(prompts)
-        batch.meta_info["temperature"] = float(cfg.actor_rollout_ref.rollout.temperature)
+        batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
         if self.computes_old_log_prob:
             with self._timed(timing, "old_log_prob"):
                 batch = batch.union(self.actor_wg.compute_log_prob(batch))
@@ -152,7 +207,7 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
                 metrics.update(mean_over_ranks(self.critic_wg.update_critic(batch)))
-        if self.global_step >= int(cfg.critic.warmup_steps) or self.critic_wg is None:
+        if self.global_step >= cfg.critic.warmup_steps or self.critic_wg is None:
             with self._timed(timing, "update_actor"):
                 metrics.update(mean_over_ranks(self.actor_wg.update_actor(batch)))
         timing["step"] = time.perf_counter() - step_start
@@ -161,18 +216,33 @@ class RayPPOTrainer:
         return metrics
 
     def compute_advantage(self, batch: DataProto) -> None:
+        """Advantages and returns (B, R) from the registered estimator, called as verl calls it.
+
+        GAE gets the values and its constants; every other estimator gets the rewards, the mask, the group ids and
+        the ``algorithm`` section as ``config`` (built-ins read ``gamma`` or ``norm_adv_by_std_in_grpo`` from it),
+        so that a verl user's estimator written for that call works unchanged.
+        """
         algo = self.config.algorithm
         estimator = get_adv_estimator_fn(algo.adv_estimator)
         tensors = batch.batch
-        advantages, returns = estimator(
-            token_level_rewards=tensors["token_level_rewards"],
-            values=tensors["values"] if "values" in tensors.keys() else None,
-            response_mask=tensors["response_mask"],
-            index=batch.non_tensor_batch["uid"],
-            gamma=float(algo.gamma),
-            lam=float(algo.lam),
-            norm_adv_by_std_in_grpo=bool(algo.norm_adv_by_std_in_grpo),
-        )
+        if algo.adv_estimator == "gae":
+            advantages, returns = estimator(
+                token_level_rewards=tensors["token_level_rewards"],
+                values=tensors["values"],
+                response_mask=tensors["response_mask"],
+                gamma=algo.gamma,
+                lam=algo.lam,
+            )
+        else:
+            kwargs = {
+                "token_level_rewards": tensors["token_level_rewards"],
+                "response_mask": tensors["response_mask"],
+                "index": batch.non_tensor_batch["uid"],
+                "config": algo,
+            }
+            if "reward_baselines" in tensors.keys():
+                kwargs["reward_baselines"] = tensors["reward_baselines"]
+            advantages, returns = estimator(**kwargs)
         tensors["advantages"] = advantages.float()
         tensors["returns"] = returns.float()
 
@@ -207,11 +277,7 @@ class RayPPOTrainer:
             prompts = DataProto.from_dict(
                 tensors=dict(prompts.batch.items()),
                 non_tensors=dict(prompts.non_tensor_batch),
-                meta_info={
-                    "n": int(val_kwargs.n),
-                    "do_sample": bool(val_kwargs.do_sample),
-                    "temperature": float(val_kwargs.temperature),
-                },
+                meta_info={"n": val_kwargs.n, "do_sample": val_kwargs.do_sample, "temperature": val_kwargs.temperature},
             )
             output = self.actor_wg.generate_sequences(prompts)
             scores.append(self.reward_fn(output).sum(-1))
@@ -239,16 +305,10 @@ class RayPPOTrainer:
         return final
 
     def maybe_resume(self) -> None:
-        mode = self.config.trainer.resume_mode
-        if mode == "disable":
+        """Restore :attr:`resume_from` (see ``verl.trainer.main_ppo.choose_checkpoint``), if set."""
+        path = self.resume_from
+        if path is None:
             return
-        if mode == "resume_path":
-            check_resume_path(self.config.trainer.resume_from_path)
-            path = Path(self.config.trainer.resume_from_path)
-        else:
-            path = find_latest_checkpoint(self.checkpoint_root())
-            if path is None:
-                return
         state: dict[str, Any] = load_state(path / "trainer_state.pt")
         self.actor_wg.load_checkpoint(str(path / "actor"))
         if self.critic_wg is not None:

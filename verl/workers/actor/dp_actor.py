@@ -2,36 +2,45 @@
 
 Data parallelism is the optimizer's business (:class:`verl.utils.amp_optimizer.AmpOptimizer` averages gradients
 over the process group before it checks them), so this class only says how to run the model forward; the loop,
-the losses and the optimizer-step contract live in :class:`verl.workers.actor.base.BasePPOActor`.
+the losses and the optimizer-step contract live in :class:`~verl.workers.actor.update_loop.UpdateLoop` and
+:class:`~verl.workers.actor.base.BasePPOActor`. :func:`build_dp_actor` is what a worker calls.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
+from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.workers.actor.base import BasePPOActor
+from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
+from verl.workers.config import ActorConfig
+
+logger = logging.getLogger(__name__)
 
 
 class DataParallelPPOActor(BasePPOActor):
     """PPO actor over a ``torch.nn.Module``.
 
     Args:
-        config: the ``actor_rollout_ref.actor`` config.
+        config: the ``actor_rollout_ref.actor`` config (per-rank mini-batch size in samples).
         actor_module: a module called as ``module(input_ids=, attention_mask=, position_ids=)`` returning logits
             (B, S, V) or an object with ``.logits`` (Hugging Face models).
-        optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over the module's parameters.
+        optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over the module's parameters (None: frozen).
         lr_scheduler: its LR schedule.
-        rank: data-parallel rank.
+        **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see :func:`build_loop_parts`).
     """
 
-    def __init__(self, config: Any, actor_module: torch.nn.Module, optimizer, lr_scheduler=None, rank: int = 0):
+    def __init__(
+        self, config: ActorConfig, actor_module: torch.nn.Module, optimizer=None, lr_scheduler=None, **loop_parts
+    ):
         self.actor_module = actor_module
-        super().__init__(config, optimizer, lr_scheduler, rank=rank, role="actor")
+        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
 
-    def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         kwargs = {"use_cache": False} if isinstance(self.actor_module, PreTrainedModel) else {}
         output = self.actor_module(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
@@ -41,5 +50,30 @@ class DataParallelPPOActor(BasePPOActor):
     def model_module(self) -> torch.nn.Module:
         return self.actor_module
 
-    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.actor_module.parameters() if p.requires_grad]
+
+def build_dp_actor(
+    config: ActorConfig,
+    module: torch.nn.Module,
+    *,
+    total_training_steps: int,
+    trainable: bool = True,
+    rank: int = 0,
+    process_group: Any = None,
+) -> DataParallelPPOActor:
+    """A ready ``dp`` actor over ``module`` (fp32 master weights): AdamW, LR schedule, handler, fire drill.
+
+    ``trainable=False`` gives a frozen reference: no optimizer, no handler, no gradients.
+    """
+    if not trainable:
+        module.eval().requires_grad_(False)
+        return DataParallelPPOActor(config, module, rank=rank)
+    dtype = TORCH_DTYPES[config.dtype]
+    optimizer, scheduler = build_amp_optimizer(
+        module.parameters(),
+        config.optim,
+        dtype=dtype,
+        total_training_steps=total_training_steps,
+        process_group=process_group,
+    )
+    logger.info("dp actor: float32 master weights, %s compute", dtype)
+    return DataParallelPPOActor(config, module, optimizer, scheduler, **build_loop_parts(config, rank=rank))

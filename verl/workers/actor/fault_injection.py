@@ -13,31 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from verl.utils.config import cfg_get
+if TYPE_CHECKING:
+    from verl.workers.config import FaultInjectionConfig
+
 
 logger = logging.getLogger(__name__)
-
-
-def _int_list(value: Any, key: str, minimum: int) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        from omegaconf import ListConfig, OmegaConf
-
-        if isinstance(value, ListConfig):
-            value = OmegaConf.to_container(value)
-    except ImportError:  # pragma: no cover
-        pass
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"{key} must be a list of integers, got {value!r}.")
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
-            raise ValueError(f"{key} must hold integers >= {minimum}, got {item!r} in {value!r}.")
-    return list(value)
 
 
 class FaultInjector:
@@ -47,34 +31,30 @@ class FaultInjector:
         nonfinite_grad_steps: 1-based update steps whose gradients become NaN (empty: off).
         ranks: the data-parallel ranks that poison their gradients; None means every rank.
         rank: this process's data-parallel rank.
-        config_prefix: the config path of these options, for error messages.
+
+    The values are checked where the config is built (:class:`~verl.workers.config.FaultInjectionConfig`).
     """
 
-    def __init__(self, nonfinite_grad_steps=(), ranks=None, rank: int = 0, config_prefix: str = "fault_injection"):
-        self.steps = set(_int_list(list(nonfinite_grad_steps or []), f"{config_prefix}.nonfinite_grad_steps", 1))
-        self.ranks = _int_list(ranks, f"{config_prefix}.ranks", 0)
+    def __init__(self, nonfinite_grad_steps: Iterable[int] = (), ranks: Iterable[int] | None = None, rank: int = 0):
+        self.steps = set(nonfinite_grad_steps)
+        self.ranks = None if ranks is None else list(ranks)
         self.rank = rank
         self._last_poisoned_loss_step: int | None = None
-        if self.steps:
+        if self.steps and self.applies_to_rank():
             logger.warning(
-                "Fire drill on: update steps %s get non-finite gradients on %s.",
-                sorted(self.steps),
-                "every rank" if self.ranks is None else f"ranks {self.ranks}",
+                "Fire drill on: update steps %s get non-finite gradients on rank %d.", sorted(self.steps), rank
             )
 
     @classmethod
-    def from_config(cls, config: Any, rank: int, config_prefix: str) -> FaultInjector:
-        if config is None:
-            return cls(rank=rank, config_prefix=config_prefix)
-        return cls(
-            cfg_get(config, "nonfinite_grad_steps", ()),
-            cfg_get(config, "ranks", None),
-            rank=rank,
-            config_prefix=config_prefix,
-        )
+    def from_config(cls, config: FaultInjectionConfig, rank: int) -> FaultInjector:
+        """The drill of a validated ``fault_injection`` section (:class:`~verl.workers.config.FaultInjectionConfig`)."""
+        return cls(config.nonfinite_grad_steps, config.ranks, rank=rank)
+
+    def applies_to_rank(self) -> bool:
+        return self.ranks is None or self.rank in self.ranks
 
     def applies_to(self, step: int) -> bool:
-        return step in self.steps and (self.ranks is None or self.rank in self.ranks)
+        return step in self.steps and self.applies_to_rank()
 
     @torch.no_grad()
     def maybe_poison(self, step: int, params: Iterable[torch.nn.Parameter]) -> bool:

@@ -23,58 +23,57 @@ from verl.models.mcore import build_attention_mask, forward_logits
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor.base import BasePPOActor
+from verl.workers.actor.megatron_mixin import MegatronModelMixin
+from verl.workers.config import ActorConfig
 
 
-class MegatronPPOActor(BasePPOActor):
+class MegatronPPOActor(MegatronModelMixin, BasePPOActor):
     """PPO actor over a megatron-core GPTModel.
 
     Args:
         config: the ``actor_rollout_ref.actor`` config.
         model: the GPTModel (wrapped in megatron-core DDP on the GPU path).
-        optimizer: megatron-core's optimizer (GPU path) or an AmpOptimizer (CPU path).
+        optimizer: megatron-core's optimizer (GPU path), an AmpOptimizer (CPU path), or None (frozen reference).
         lr_scheduler: LR schedule over the optimizer's param groups.
-        rank: data-parallel rank.
         use_megatron_schedule: True on the GPU path (megatron-core optimizer, DDP and micro-batch schedule).
-        role: "actor" or "critic".
+        params_in_compute_dtype: the parameters already are fp16/bf16 (the GPU path, trained or frozen), so no
+            autocast is needed.
         min_loss_scale: the fp16 loss scaler's floor (``optim.min_loss_scale``); megatron-core's optimizer does
             not expose it, and the update-failure handler needs it to tell a back-off from a stuck scaler.
+        **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank``.
     """
 
     def __init__(
         self,
-        config: Any,
+        config: ActorConfig,
         model: torch.nn.Module,
-        optimizer: Any,
+        optimizer: Any = None,
         lr_scheduler: Any = None,
-        rank: int = 0,
+        *,
         use_megatron_schedule: bool = False,
-        role: str = "actor",
+        params_in_compute_dtype: bool | None = None,
         min_loss_scale: float | None = None,
+        **loop_parts,
     ):
         self.model = model
         self.use_megatron_schedule = use_megatron_schedule
+        self.params_in_compute_dtype = (
+            use_megatron_schedule if params_in_compute_dtype is None else params_in_compute_dtype
+        )
         self.min_loss_scale = min_loss_scale
         self.training_path = "GPU path" if use_megatron_schedule else "CPU path"
-        super().__init__(config, optimizer, lr_scheduler, rank=rank, role=role)
+        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
 
     @property
     def fire_drill_poisons_loss(self) -> bool:
         return self.use_megatron_schedule  # megatron-core's DDP reduces the gradients inside the schedule
 
-    def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)
 
-    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def _autocast(self):
+    def autocast(self):
         # On the GPU path the parameters already are fp16/bf16 (megatron keeps fp32 main copies in the optimizer).
-        return contextlib.nullcontext() if self.use_megatron_schedule else super()._autocast()
-
-    def _current_loss_scale(self) -> float | None:
-        if self.dtype != torch.float16:
-            return None  # megatron-core reports a constant 1.0 without dynamic scaling
-        return float(self.optimizer.get_loss_scale())
+        return contextlib.nullcontext() if self.params_in_compute_dtype else super().autocast()
 
     def _min_loss_scale(self) -> float | None:
         if self.min_loss_scale is not None or self.use_megatron_schedule:
@@ -112,11 +111,7 @@ class MegatronPPOActor(BasePPOActor):
     def _backward_mini_batch(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
         if self.use_megatron_schedule:
             return self._backward_with_megatron_schedule(mini, temperature)
-        # megatron's linear layers re-enter autocast in their backward only on CUDA (custom_bwd with
-        # device_type="cuda"); on CPU they would multiply fp16 output gradients by fp32 weights. Running the backward
-        # under the forward's autocast does on CPU what custom_bwd does on CUDA.
-        with self._autocast():
-            return super()._backward_mini_batch(mini, temperature)
+        return super()._backward_mini_batch(mini, temperature)
 
     def _backward_with_megatron_schedule(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
         """Forward/backward every micro-batch through megatron-core's schedule (pipeline-aware)."""
@@ -144,7 +139,7 @@ class MegatronPPOActor(BasePPOActor):
                     batch["input_ids"],
                     response_length,
                     temperature,
-                    calculate_entropy=float(self.config.get("entropy_coeff", 0.0)) != 0,
+                    calculate_entropy=self.config.entropy_coeff != 0,
                 )
                 loss, metrics = self._loss_from_log_probs(micro, log_prob, entropy)
                 loss = self.fault_injector.poison_loss(self.num_update_steps + 1, loss)  # this mini-batch's update
@@ -166,6 +161,3 @@ class MegatronPPOActor(BasePPOActor):
             forward_only=False,
         )
         return all_metrics
-
-    def model_module(self) -> torch.nn.Module:
-        return self.model.module if hasattr(self.model, "module") else self.model

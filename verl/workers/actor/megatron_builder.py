@@ -15,48 +15,12 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, load_hf_weights_into_mcore
-from verl.utils.amp_optimizer import build_amp_optimizer, loss_scale_config_from
-from verl.utils.config import cfg_get
-from verl.workers.actor.base import resolve_dtype
+from verl.utils.amp_optimizer import adamw_kwargs, build_amp_optimizer, build_scheduler
 from verl.workers.actor.megatron_actor import MegatronPPOActor
+from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
+from verl.workers.config import ActorConfig, OptimConfig
 
 logger = logging.getLogger(__name__)
-
-
-def _parallel_size(megatron_config: Any, name: str, key: str) -> int:
-    value = cfg_get(megatron_config, name, 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"{key}.megatron.{name} must be an integer >= 1, got {value!r}; use 1 for no model parallelism."
-        )
-    return value
-
-
-def choose_training_path(megatron_config: Any, device: torch.device, key: str) -> tuple[bool, int, int]:
-    """(use megatron-core's optimizer, tp, pp), after checking the combination can run on ``device``.
-
-    Raises:
-        ValueError: parallel sizes below 1, an unknown ``use_megatron_optimizer``, megatron-core's optimizer
-            without CUDA, or model parallelism on the adapter path.
-    """
-    tp = _parallel_size(megatron_config, "tensor_model_parallel_size", key)
-    pp = _parallel_size(megatron_config, "pipeline_model_parallel_size", key)
-    choice = cfg_get(megatron_config, "use_megatron_optimizer", "auto")
-    if choice not in ("auto", True, False):
-        raise ValueError(f"{key}.megatron.use_megatron_optimizer must be auto, true or false, got {choice!r}.")
-    on_cuda = device.type == "cuda"
-    if choice is True and not on_cuda:
-        raise ValueError(
-            f"{key}.megatron.use_megatron_optimizer=true needs CUDA: megatron-core's optimizer, DDP and schedules "
-            f"are CUDA-only. Use auto (the torch.optim adapter on CPU) or run with trainer.device=cuda."
-        )
-    use_megatron = on_cuda if choice == "auto" else bool(choice)
-    if not use_megatron and (tp, pp) != (1, 1):
-        raise ValueError(
-            f"{key}.megatron: tensor/pipeline parallel sizes {tp}/{pp} need megatron-core's optimizer path (CUDA); "
-            f"on the torch.optim adapter path both must be 1."
-        )
-    return use_megatron, tp, pp
 
 
 def _resolve_hf_model(hf_config_or_path: Any, hf_state_dict: dict[str, torch.Tensor] | None):
@@ -73,11 +37,12 @@ def _resolve_hf_model(hf_config_or_path: Any, hf_state_dict: dict[str, torch.Ten
 
 def build_megatron_actor(
     hf_config_or_path: Any,
-    actor_config: Any,
+    actor_config: ActorConfig,
     *,
     device: str | torch.device,
     total_training_steps: int,
     hf_state_dict: dict[str, torch.Tensor] | None = None,
+    trainable: bool = True,
     rank: int = 0,
     process_group: Any = None,
 ) -> MegatronPPOActor:
@@ -91,6 +56,7 @@ def build_megatron_actor(
         total_training_steps: length of the LR schedule.
         hf_state_dict: weights of the HF causal LM; None keeps the fresh initialisation (given a config) or
             loads the directory's weights (given a path).
+        trainable: False builds a frozen reference: no optimizer, no DDP, no handler, no gradients.
         rank: data-parallel rank.
         process_group: data-parallel group of the adapter path (None: the default group, if any).
 
@@ -98,28 +64,41 @@ def build_megatron_actor(
         The actor; ``actor.training_path`` says which path runs.
 
     Raises:
-        ValueError: an unsupported dtype, parallel layout or ``use_megatron_optimizer`` (see the module doc).
+        ValueError: an unsupported parallel layout or ``use_megatron_optimizer`` (see the module doc).
     """
     device = torch.device(device)
-    dtype = resolve_dtype(cfg_get(actor_config, "dtype", "float32"), "actor_rollout_ref.actor.dtype")
-    use_megatron, tp, pp = choose_training_path(cfg_get(actor_config, "megatron"), device, "actor_rollout_ref.actor")
+    dtype = TORCH_DTYPES[actor_config.dtype]
+    key = f"{ActorConfig.KEY}.megatron"
+    use_megatron = actor_config.megatron.training_path(device.type, key)
+    tp = actor_config.megatron.tensor_model_parallel_size
+    pp = actor_config.megatron.pipeline_model_parallel_size
     loads_weights = hf_state_dict is not None or isinstance(hf_config_or_path, str | os.PathLike)
     if loads_weights and (tp, pp) != (1, 1):
         raise ValueError(
-            "actor_rollout_ref.actor.megatron: loading Hugging Face weights is supported for whole models only "
-            f"(tensor/pipeline sizes 1/1), got {tp}/{pp}."
+            f"{key}: loading Hugging Face weights is supported for whole models only (tensor/pipeline sizes 1/1), "
+            f"got {tp}/{pp}."
         )
     hf_config, hf_state_dict = _resolve_hf_model(hf_config_or_path, hf_state_dict)
-    seed = int(cfg_get(actor_config, "seed", 1))
     # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path holds
-    # fp16/bf16 parameters with fp32 main copies inside its optimizer.
+    # fp16/bf16 parameters with fp32 main copies inside its optimizer. A frozen model on the GPU path holds
+    # fp16/bf16 parameters and nothing else.
     param_dtype = dtype if use_megatron else torch.float32
     model = build_gpt_model(
-        hf_config, param_dtype, device, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, seed=seed
+        hf_config,
+        param_dtype,
+        device,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        seed=actor_config.seed,
     )
     if hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
-    optim_config = cfg_get(actor_config, "optim")
+    if not trainable:
+        model.eval().requires_grad_(False)
+        actor = MegatronPPOActor(actor_config, model, params_in_compute_dtype=use_megatron, rank=rank)
+        actor.training_path = f"frozen reference, {param_dtype} parameters on {device}"
+        return actor
+    optim_config = actor_config.optim
     if use_megatron:
         model, optimizer, scheduler = _megatron_core_training(model, optim_config, dtype, total_training_steps)
         path = "GPU path: megatron-core DDP, optimizer and schedules"
@@ -132,15 +111,14 @@ def build_megatron_actor(
             process_group=process_group,
         )
         path = f"CPU path: torch.optim adapter, fp32 master weights, {dtype} autocast"
-    min_loss_scale = loss_scale_config_from(optim_config).min_loss_scale if dtype == torch.float16 else None
     actor = MegatronPPOActor(
         actor_config,
         model,
         optimizer,
         scheduler,
-        rank=rank,
         use_megatron_schedule=use_megatron,
-        min_loss_scale=min_loss_scale,
+        min_loss_scale=optim_config.min_loss_scale if dtype == torch.float16 else None,
+        **build_loop_parts(actor_config, rank=rank),
     )
     actor.training_path = f"{path} on {device}"
     logger.info("megatron actor: %s", actor.training_path)
@@ -157,30 +135,25 @@ def _inner_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
-def megatron_optimizer_config(optim_config: Any, dtype: torch.dtype):
+def megatron_optimizer_config(optim_config: OptimConfig, dtype: torch.dtype):
     """megatron-core's ``OptimizerConfig`` (Adam, no distributed optimizer) from an ``optim`` config section.
 
-    The fp16 loss-scale settings take the same names and defaults as the CPU adapter's, so both paths start from
-    the same scale and back off by the same rule.
-
-    Raises:
-        ValueError: a learning rate that is not positive, or invalid loss-scale settings.
+    AdamW's settings come from the same reading as the adapter's (:func:`~verl.utils.amp_optimizer.adamw_kwargs`),
+    and the fp16 loss-scale settings take the same names, so both paths start from the same scale and back off by
+    the same rule.
     """
     from megatron.core.optimizer import OptimizerConfig
 
-    lr = float(cfg_get(optim_config, "lr", 1e-6))
-    if not lr > 0:
-        raise ValueError(f"optim.lr must be > 0, got {lr}.")
-    betas = list(cfg_get(optim_config, "betas", None) or (0.9, 0.999))
-    scale = loss_scale_config_from(optim_config)
+    adamw = adamw_kwargs(optim_config)
+    scale = optim_config.loss_scale()
     return OptimizerConfig(
         optimizer="adam",
-        lr=lr,
-        weight_decay=float(cfg_get(optim_config, "weight_decay", 0.01)),
-        adam_beta1=float(betas[0]),
-        adam_beta2=float(betas[1]),
-        adam_eps=float(cfg_get(optim_config, "eps", 1e-8)),
-        clip_grad=float(cfg_get(optim_config, "clip_grad", 1.0)),
+        lr=adamw["lr"],
+        weight_decay=adamw["weight_decay"],
+        adam_beta1=float(adamw["betas"][0]),
+        adam_beta2=float(adamw["betas"][1]),
+        adam_eps=adamw["eps"],
+        clip_grad=optim_config.clip_grad,
         fp16=dtype == torch.float16,
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
@@ -192,12 +165,10 @@ def megatron_optimizer_config(optim_config: Any, dtype: torch.dtype):
     )
 
 
-def _megatron_core_training(model, optim_config: Any, dtype: torch.dtype, total_training_steps: int):
+def _megatron_core_training(model, optim_config: OptimConfig, dtype: torch.dtype, total_training_steps: int):
     """Wrap ``model`` in megatron-core DDP and build its optimizer and LR schedule (CUDA only)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import get_megatron_optimizer
-
-    from verl.utils.torch_functional import build_lr_scheduler
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
@@ -208,11 +179,5 @@ def _megatron_core_training(model, optim_config: Any, dtype: torch.dtype, total_
     # the schedule scales the loss with the optimizer's scale, and reduces gradients through DDP at the end
     model.config.grad_scale_func = optimizer.scale_loss
     model.config.finalize_model_grads_func = finalize_model_grads
-    scheduler = build_lr_scheduler(
-        _inner_torch_optimizer(optimizer),
-        cfg_get(optim_config, "lr_scheduler", "constant"),
-        num_warmup_steps=int(cfg_get(optim_config, "lr_warmup_steps", 0) or 0),
-        num_training_steps=max(total_training_steps, 1),
-        min_lr_ratio=float(cfg_get(optim_config, "min_lr_ratio", 0.0) or 0.0),
-    )
+    scheduler = build_scheduler(_inner_torch_optimizer(optimizer), optim_config, total_training_steps)
     return ddp_model, optimizer, scheduler

@@ -1,9 +1,9 @@
-"""The PPO critic: a value model trained under the actor's loop and the very same optimizer-step contract.
+"""The PPO critic: a value model trained on the same update loop, under the same optimizer-step contract.
 
-:class:`BasePPOCritic` is a :class:`~verl.workers.actor.base.BasePPOActor` whose loss is the clipped value loss
-instead of the policy loss. Everything else is inherited unchanged: the mini-/micro-batch loop, the gradient
-accumulation weights, ``_optimizer_step`` -> :class:`~verl.workers.update_outcome.UpdateOutcome` (``role="critic"``)
--> the handler built from ``critic.update_failure_policy`` (``auto`` follows ``critic.dtype``), the fire drill under
+:class:`BasePPOCritic` is the actor's sibling on :class:`~verl.workers.actor.update_loop.UpdateLoop`: its loss is
+the clipped value loss instead of the policy loss, and everything else is the loop's — mini-/micro-batches,
+gradient accumulation weights, ``_optimizer_step`` -> :class:`~verl.workers.update_outcome.UpdateOutcome`
+(``role="critic"``) -> the handler built from ``critic.update_failure_policy``, the fire drill under
 ``critic.fault_injection``, the LR-schedule rule and the checkpoint with handler and loss-scaler state. A failed
 critic update is therefore judged by exactly the code that judges a failed actor update. A backend only says how
 to run its value model forward (:meth:`BasePPOCritic._forward_values`).
@@ -12,15 +12,16 @@ to run its value model forward (:meth:`BasePPOCritic._forward_values`).
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
-from verl.utils.config import cfg_get as _cfg
 from verl.utils.torch_functional import masked_mean
-from verl.workers.actor.base import BasePPOActor
+from verl.workers.actor.update_loop import UpdateLoop
+
+# The value head's initial weight is small and seeded: the first values are near zero and runs reproducible.
+DEFAULT_HEAD_INIT_STD = 1e-3
 
 CRITIC_UPDATE_KEYS = [
     "input_ids",
@@ -51,22 +52,21 @@ def response_values(values: torch.Tensor, response_length: int) -> torch.Tensor:
     return values[:, seq_len - response_length - 1 : seq_len - 1].float()
 
 
-class BasePPOCritic(BasePPOActor):
-    """The critic loop shared by every backend (role ``"critic"``).
+@torch.no_grad()
+def init_value_head_(head: torch.nn.Linear, *, seed: int, std: float = DEFAULT_HEAD_INIT_STD) -> None:
+    """Initialise a ``Linear(hidden, 1)`` value head in place: weight ~ N(0, std) from its own seed, bias 0.
 
-    Args:
-        config: the ``critic`` config (per-rank ``ppo_mini_batch_size`` already normalised by the worker:
-            samples per rank, not prompts).
-        optimizer: an optimizer with megatron-core's ``step()`` contract (see :class:`BasePPOActor`).
-        lr_scheduler: stepped once per training step in which at least one critic update succeeded.
-        rank: data-parallel rank (fire drill, logging).
+    The head's own generator keeps the global random state untouched, so the critic's seed alone decides it.
     """
+    if std < 0:
+        raise ValueError(f"the value head's init std must be >= 0, got {std}.")
+    generator = torch.Generator().manual_seed(int(seed))
+    head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * std)
+    head.bias.zero_()
 
-    def __init__(self, config: Any, optimizer: Any, lr_scheduler: Any = None, rank: int = 0):
-        super().__init__(config, optimizer, lr_scheduler, rank=rank, role="critic")
-        self.cliprange_value = float(_cfg(config, "cliprange_value", 0.5))
-        if not self.cliprange_value > 0:
-            raise ValueError(f"critic.cliprange_value must be > 0, got {self.cliprange_value}.")
+
+class BasePPOCritic(UpdateLoop):
+    """The critic on every backend (role ``"critic"``); see :class:`UpdateLoop` for the arguments."""
 
     # ------------------------------------------------------------------ what a backend provides
 
@@ -74,15 +74,12 @@ class BasePPOCritic(BasePPOActor):
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Per-position values (B, S) of the whole sequence."""
 
-    def _forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        raise TypeError("a critic has no logits; use compute_values() instead of compute_log_prob().")
-
     # ------------------------------------------------------------------ values
 
     def _forward_response_values(self, micro: DataProto) -> torch.Tensor:
         """(B, R) float32 values of the response positions of one micro-batch (with gradients)."""
         batch = micro.batch
-        with self._autocast():
+        with self.autocast():
             values = self._forward_values(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
         return response_values(values, batch["responses"].shape[-1])
 
@@ -97,11 +94,10 @@ class BasePPOCritic(BasePPOActor):
         Returns:
             (B, R) float32 values; micro-batched by ``critic.forward_micro_batch_size_per_gpu``.
         """
-        micro_size = int(_cfg(self.config, "forward_micro_batch_size_per_gpu", None) or self.micro_batch_size)
         has_mask = "response_mask" in data.batch.keys()
         keys = _VALUE_KEYS + (["response_mask"] if has_mask else [])
         chunks = []
-        for micro in data.select(batch_keys=keys).split(micro_size):
+        for micro in data.select(batch_keys=keys).split(self.config.forward_micro_batch_size_per_gpu):
             values = self._forward_response_values(micro)
             if has_mask:
                 values = values * micro.batch["response_mask"].to(values.dtype)
@@ -113,10 +109,6 @@ class BasePPOCritic(BasePPOActor):
     def _micro_batch_loss(self, micro: DataProto, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
         """Clipped value loss of one micro-batch, and its ``critic/...`` metrics (temperature is unused)."""
         vpreds = self._forward_response_values(micro)
-        return self._loss_from_values(micro, vpreds)
-
-    def _loss_from_values(self, micro: DataProto, vpreds: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """Value loss from the predicted response values ``vpreds`` (B, R) against ``returns`` (B, R)."""
         batch = micro.batch
         mask = batch["response_mask"]
         vf_loss, vf_clipfrac = compute_value_loss(
@@ -124,8 +116,8 @@ class BasePPOCritic(BasePPOActor):
             batch["returns"],
             batch["values"],
             mask,
-            cliprange_value=self.cliprange_value,
-            loss_agg_mode=_cfg(self.config, "loss_agg_mode", "token-mean"),
+            cliprange_value=self.config.cliprange_value,
+            loss_agg_mode=self.config.loss_agg_mode,
         )
         metrics = {
             "critic/vf_loss": vf_loss.item(),
@@ -150,4 +142,4 @@ class BasePPOCritic(BasePPOActor):
         Raises:
             UpdateFailedError: when the critic's update-failure policy stops the run.
         """
-        return self.update_policy(data)
+        return self.update(data)

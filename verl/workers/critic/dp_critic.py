@@ -15,12 +15,11 @@ import torch
 from transformers import PreTrainedModel
 
 from verl.utils.amp_optimizer import build_amp_optimizer
-from verl.utils.config import cfg_get
-from verl.workers.critic.base import BasePPOCritic
+from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
+from verl.workers.config import CriticConfig
+from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_HEAD_INIT_STD = 1e-3
 
 
 class ValueModel(torch.nn.Module):
@@ -38,15 +37,9 @@ class ValueModel(torch.nn.Module):
         self, backbone: torch.nn.Module, hidden_size: int, *, head_init_std: float = DEFAULT_HEAD_INIT_STD, seed=1
     ):
         super().__init__()
-        if head_init_std < 0:
-            raise ValueError(f"head_init_std must be >= 0, got {head_init_std}.")
         self.backbone = backbone
         self.value_head = torch.nn.Linear(hidden_size, 1)
-        generator = torch.Generator().manual_seed(int(seed))
-        with torch.no_grad():
-            weight = torch.randn(self.value_head.weight.shape, generator=generator) * head_init_std
-            self.value_head.weight.copy_(weight)
-            self.value_head.bias.zero_()
+        init_value_head_(self.value_head, seed=seed, std=head_init_std)
 
     @classmethod
     def from_pretrained_lm(
@@ -100,17 +93,19 @@ class DataParallelPPOCritic(BasePPOCritic):
     """PPO critic over a ``torch.nn.Module`` that returns per-position values.
 
     Args:
-        config: the ``critic`` config.
+        config: the ``critic`` config (per-rank mini-batch size in samples).
         critic_module: called as ``module(input_ids=, attention_mask=, position_ids=)``, returning (B, S) or
             (B, S, 1) values (a :class:`ValueModel`).
         optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over the module's parameters.
         lr_scheduler: its LR schedule.
-        rank: data-parallel rank.
+        **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see ``build_loop_parts``).
     """
 
-    def __init__(self, config: Any, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, rank: int = 0):
+    def __init__(
+        self, config: CriticConfig, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, **loop_parts
+    ):
         self.critic_module = critic_module
-        super().__init__(config, optimizer, lr_scheduler, rank=rank)
+        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
 
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         values = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
@@ -119,13 +114,10 @@ class DataParallelPPOCritic(BasePPOCritic):
     def model_module(self) -> torch.nn.Module:
         return self.critic_module
 
-    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.critic_module.parameters() if p.requires_grad]
-
 
 def build_dp_critic(
     model_path_or_hf_model: str | torch.nn.Module | None,
-    critic_config: Any,
+    critic_config: CriticConfig,
     *,
     total_training_steps: int,
     rank: int = 0,
@@ -143,21 +135,19 @@ def build_dp_critic(
         process_group: the data-parallel group gradients are averaged over (None: the default group, if any).
         device: where the model lives.
     """
-    from verl.workers.actor.base import resolve_dtype
-
-    dtype = resolve_dtype(cfg_get(critic_config, "dtype", "float32"), "critic.dtype")
+    dtype = TORCH_DTYPES[critic_config.dtype]
     if isinstance(model_path_or_hf_model, ValueModel):
         module = model_path_or_hf_model.to(device)
     else:
-        module = ValueModel.from_pretrained_lm(
-            model_path_or_hf_model, device=device, seed=int(cfg_get(critic_config, "seed", 1))
-        )
+        module = ValueModel.from_pretrained_lm(model_path_or_hf_model, device=device, seed=critic_config.seed)
     optimizer, scheduler = build_amp_optimizer(
         module.parameters(),
-        cfg_get(critic_config, "optim"),
+        critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
         process_group=process_group,
     )
     logger.info("dp critic: float32 master weights, %s compute, on %s", dtype, device)
-    return DataParallelPPOCritic(critic_config, module, optimizer, scheduler, rank=rank)
+    return DataParallelPPOCritic(
+        critic_config, module, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank)
+    )

@@ -19,10 +19,10 @@ import torch
 
 from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_into_mcore
 from verl.utils.amp_optimizer import build_amp_optimizer
-from verl.utils.config import cfg_get
-from verl.workers.actor.base import resolve_dtype
-from verl.workers.critic.base import BasePPOCritic
-from verl.workers.critic.dp_critic import DEFAULT_HEAD_INIT_STD
+from verl.workers.actor.megatron_mixin import MegatronModelMixin
+from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
+from verl.workers.config import CriticConfig
+from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +38,7 @@ class MegatronValueHead(torch.nn.Linear):
 
     def __init__(self, hidden_size: int, *, head_init_std: float = DEFAULT_HEAD_INIT_STD, seed: int = 1):
         super().__init__(hidden_size, 1)
-        generator = torch.Generator().manual_seed(int(seed))
-        with torch.no_grad():
-            self.weight.copy_(torch.randn(self.weight.shape, generator=generator) * head_init_std)
-            self.bias.zero_()
+        init_value_head_(self, seed=seed, std=head_init_std)
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):
         """(S, B, H) -> ((S, B, 1) values, None), the (output, bias) pair megatron's linears return."""
@@ -61,7 +58,7 @@ def attach_value_head(model: torch.nn.Module, *, head_init_std: float = DEFAULT_
     return model
 
 
-class MegatronPPOCritic(BasePPOCritic):
+class MegatronPPOCritic(MegatronModelMixin, BasePPOCritic):
     """PPO critic over a megatron-core GPTModel with a value head (see :func:`attach_value_head`).
 
     Args:
@@ -69,65 +66,22 @@ class MegatronPPOCritic(BasePPOCritic):
         model: the GPTModel.
         optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over its parameters.
         lr_scheduler: its LR schedule.
-        rank: data-parallel rank.
+        **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank``.
     """
 
-    def __init__(self, config: Any, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, rank=0):
+    def __init__(
+        self, config: CriticConfig, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, **loop_parts
+    ):
         self.model = model
-        super().__init__(config, optimizer, lr_scheduler, rank=rank)
+        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
 
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)[..., 0]
 
-    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def _backward_mini_batch(self, mini, temperature: float) -> list[dict[str, float]]:
-        # megatron's linears re-enter autocast in their backward only for CUDA (custom_bwd(device_type="cuda")); on
-        # CPU their backward would multiply fp16 output gradients by fp32 weights and fail. Running the backward
-        # under the forward's autocast is what custom_bwd does on CUDA; autograd casts weight grads back to fp32.
-        with self._autocast():
-            return super()._backward_mini_batch(mini, temperature)
-
-    def _current_loss_scale(self) -> float | None:
-        if self.dtype != torch.float16:
-            return None  # no dynamic scaling outside fp16, whatever the optimizer reports
-        return float(self.optimizer.get_loss_scale())
-
-    def model_module(self) -> torch.nn.Module:
-        return self.model.module if hasattr(self.model, "module") else self.model
-
-
-def _check_training_path(megatron_config: Any, device: torch.device) -> tuple[int, int]:
-    """(tp, pp) after checking that the adapter path can train this configuration."""
-    tp = int(cfg_get(megatron_config, "tensor_model_parallel_size", 1) or 1)
-    pp = int(cfg_get(megatron_config, "pipeline_model_parallel_size", 1) or 1)
-    use_megatron = cfg_get(megatron_config, "use_megatron_optimizer", "auto")
-    if use_megatron not in ("auto", True, False):
-        raise ValueError(f"critic.megatron.use_megatron_optimizer must be auto, true or false, got {use_megatron!r}.")
-    if use_megatron is True:
-        raise ValueError(
-            "critic.megatron.use_megatron_optimizer=true: the megatron critic's GPU path (megatron-core optimizer, "
-            "DDP and schedules) is not available yet. Set critic.megatron.use_megatron_optimizer=false (or auto) to "
-            "train the megatron critic with the torch.optim adapter, or use critic.strategy=dp."
-        )
-    if use_megatron == "auto" and device.type == "cuda":
-        logger.warning(
-            "megatron critic: megatron-core's optimizer path is not available for the critic yet; training it with "
-            "the torch.optim adapter (fp32 master weights, autocast) on %s.",
-            device,
-        )
-    if (tp, pp) != (1, 1):
-        raise ValueError(
-            f"critic.megatron: tensor/pipeline parallel sizes {tp}/{pp} need megatron-core's optimizer path, which "
-            "the critic does not have yet; set both to 1 for the critic (the actor may still use more)."
-        )
-    return tp, pp
-
 
 def build_megatron_critic(
     hf_config: Any,
-    critic_config: Any,
+    critic_config: CriticConfig,
     *,
     total_training_steps: int,
     hf_state_dict: dict[str, torch.Tensor] | None = None,
@@ -147,24 +101,22 @@ def build_megatron_critic(
         process_group: the data-parallel group gradients are averaged over (None: the default group, if any).
 
     Raises:
-        ValueError: an unsupported dtype, parallel layout or ``use_megatron_optimizer`` value (see module doc).
+        ValueError: a parallel layout or ``use_megatron_optimizer`` value the critic cannot train (see module doc).
     """
     device = torch.device(device)
-    dtype = resolve_dtype(cfg_get(critic_config, "dtype", "float32"), "critic.dtype")
-    tp, pp = _check_training_path(cfg_get(critic_config, "megatron"), device)
-    seed = int(cfg_get(critic_config, "seed", 1))
-    model = build_gpt_model(
-        hf_config, torch.float32, device, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, seed=seed
-    )
+    dtype = TORCH_DTYPES[critic_config.dtype]
+    # the one chooser of the training path, told that the critic has no megatron-core optimizer path yet
+    critic_config.megatron.training_path(device.type, f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
+    model = build_gpt_model(hf_config, torch.float32, device, seed=critic_config.seed)
     if hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
-    attach_value_head(model, seed=seed)
+    attach_value_head(model, seed=critic_config.seed)
     optimizer, scheduler = build_amp_optimizer(
         model.parameters(),
-        cfg_get(critic_config, "optim"),
+        critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
         process_group=process_group,
     )
     logger.info("megatron critic: float32 master weights, %s compute, torch.optim adapter on %s", dtype, device)
-    return MegatronPPOCritic(critic_config, model, optimizer, scheduler, rank=rank)
+    return MegatronPPOCritic(critic_config, model, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank))

@@ -78,6 +78,22 @@ class UpdateOutcomeHandler:
             metrics[f"{prefix}/loss_scale"] = float(outcome.loss_scale)
         return metrics
 
+    def metric_reductions(self) -> dict[str, str]:
+        """How each metric of :meth:`metrics` reduces over a training step's updates, by name without the role prefix.
+
+        ``"last"`` for counters (a step reports where the count stands), ``"max"`` for 0/1 flags (did any update
+        fail), ``"mean"`` (the default for names not listed). A subclass that adds metrics extends the dict::
+
+            def metric_reductions(self):
+                return {**super().metric_reductions(), "update_failure_rate": "last"}
+        """
+        return {
+            "update_failed": "max",
+            "update_failures_consecutive": "last",
+            "update_failures_total": "last",
+            "loss_scale": "last",
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """The counters, as plain Python numbers (safe for ``torch.load(weights_only=True)``)."""
         return {

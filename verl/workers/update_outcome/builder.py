@@ -23,14 +23,13 @@ from verl.workers.update_outcome.base import (
 from verl.workers.update_outcome.outcome import policy_config_key
 
 AUTO = "auto"
-_FP16_NAMES = {"float16", "fp16", "half", "torch.float16"}
 
 
 def is_fp16(dtype: str | torch.dtype | None) -> bool:
-    """True when ``dtype`` (a torch dtype or its config spelling) is float16."""
+    """True when ``dtype`` is float16: ``torch.float16`` or its config spelling ``"float16"`` (the only one)."""
     if isinstance(dtype, torch.dtype):
         return dtype == torch.float16
-    return isinstance(dtype, str) and dtype.lower() in _FP16_NAMES
+    return dtype == "float16"
 
 
 def resolve_policy_name(name: str, dtype: str | torch.dtype | None) -> str:
@@ -40,15 +39,16 @@ def resolve_policy_name(name: str, dtype: str | torch.dtype | None) -> str:
     return name
 
 
-def _import_module(module: Any, key: str) -> None:
+def _import_module(module: Any, where: str) -> None:
+    """Import ``module``; ``where`` is the setting that named it, as the user wrote it (for the message)."""
     if not isinstance(module, str) or not module:
-        raise ValueError(f"{key}.module must be an importable module path (a string), got {module!r}.")
+        raise ValueError(f"{where} must be an importable module path (a string), got {module!r}.")
     try:
         importlib.import_module(module)
     except Exception as err:  # any import-time failure is a config error to report, not to hide
         raise ValueError(
-            f"{key}.module={module!r} could not be imported ({type(err).__name__}: {err}). Make sure the module is on "
-            f"PYTHONPATH in every process (driver and Ray workers)."
+            f"{where}: module {module!r} could not be imported ({type(err).__name__}: {err}). Make sure the module "
+            f"is on PYTHONPATH in every process (driver and Ray workers)."
         ) from err
 
 
@@ -56,7 +56,7 @@ def _load_class_path(path: str, key: str) -> type[UpdateOutcomeHandler]:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{key}={path!r}: a class path must look like 'package.module:ClassName'.")
-    _import_module(module_name, key)
+    _import_module(module_name, f"{key}={path!r}")
     cls = getattr(importlib.import_module(module_name), attr, None)
     if cls is None:
         raise ValueError(f"{key}={path!r}: module {module_name!r} has no attribute {attr!r}.")
@@ -98,7 +98,7 @@ def _split_policy(policy: Any, key: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"{key}.name must be a non-empty string, got {name!r}.")
     module = params.pop("module", None)
     if module is not None:
-        _import_module(module, key)
+        _import_module(module, f"{key}.module={module!r}")
     return name, params
 
 

@@ -111,6 +111,9 @@ class FP16WarnAndCountHandler(UpdateOutcomeHandler):
         metrics[f"{outcome.role}/update_failures_unabsorbed"] = float(self.num_consecutive_unabsorbed)
         return metrics
 
+    def metric_reductions(self) -> dict[str, str]:
+        return {**super().metric_reductions(), "update_failures_unabsorbed": "last"}
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["num_consecutive_unabsorbed"] = self.num_consecutive_unabsorbed

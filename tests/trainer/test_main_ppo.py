@@ -1,0 +1,134 @@
+"""main_ppo's start-up: every bad value, path and checkpoint is refused before Ray starts, with its exit code.
+
+These call :func:`verl.trainer.main_ppo.run` in this process on a composed config. A refusal returns before
+``ray.init``, so ``ray.is_initialized()`` stays False: that is the "Ray never started" of each case.
+"""
+
+import logging
+import pickle
+
+import pytest
+import torch
+
+from verl.trainer.main_ppo import EXIT_BAD_CHECKPOINT, EXIT_BAD_CONFIG, choose_checkpoint, run
+from verl.utils.checkpoint import save_state, save_weights
+from verl.workers.config import PPOConfig, compose_omegaconf
+
+A = "actor_rollout_ref.actor"
+# Each: (override, the full key the message must name). Every one of these used to pass start-up and fail in a
+# Ray worker 17-40 s later, with exit code 1 and a traceback.
+BAD_VALUES = [
+    (f"{A}.optim.initial_loss_scale=0", f"{A}.optim.initial_loss_scale"),
+    (f"{A}.optim.initial_loss_scale=-1", f"{A}.optim.initial_loss_scale"),
+    (f"{A}.optim.min_loss_scale=1e12", f"{A}.optim.min_loss_scale"),  # above the initial 2**32
+    (f"{A}.optim.hysteresis=0", f"{A}.optim.hysteresis"),
+    (f"{A}.optim.loss_scale_window=0", f"{A}.optim.loss_scale_window"),
+    (f"{A}.optim.lr=0", f"{A}.optim.lr"),
+    (f"{A}.optim.lr_scheduler=bogus", f"{A}.optim.lr_scheduler"),
+    ("actor_rollout_ref.rollout.temperature=-1", "actor_rollout_ref.rollout.temperature"),
+    ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p"),
+    (f"{A}.policy_loss=bogus", f"{A}.policy_loss"),
+    (f"{A}.loss_agg_mode=bogus", f"{A}.loss_agg_mode"),
+    (f"{A}.fault_injection.nonfinite_grad_steps=[0]", f"{A}.fault_injection.nonfinite_grad_steps"),
+    (f"{A}.fault_injection.nonfinite_grad_steps=[-1]", f"{A}.fault_injection.nonfinite_grad_steps"),
+    (f"{A}.fault_injection.ranks=[-1]", f"{A}.fault_injection.ranks"),
+    ("critic.optim.hysteresis=0", "critic.optim.hysteresis"),  # the critic's keys name the critic
+    ("critic.optim.initial_loss_scale=0", "critic.optim.initial_loss_scale"),
+    ("critic.optim.lr=0", "critic.optim.lr"),
+    ("critic.loss_agg_mode=bogus", "critic.loss_agg_mode"),
+    ("critic.fault_injection.nonfinite_grad_steps=[0]", "critic.fault_injection.nonfinite_grad_steps"),
+    # accepted silently before
+    (f"{A}.ppo_epochs=0", f"{A}.ppo_epochs"),
+    ("+trainer.totl_training_steps=5", "trainer.totl_training_steps"),
+    ("+foo.bar=1", "foo"),
+    (f"{A}.fault_injection.ranks=[5]", f"{A}.fault_injection.ranks"),  # one worker: rank 5 never exists
+    # a missing model directory: one clean message, not four tracebacks
+    ("actor_rollout_ref.model.path=/no/such/model", "actor_rollout_ref.model.path"),
+]
+
+
+def run_and_capture(caplog, overrides, tmp_path):
+    import ray
+
+    config = compose_omegaconf([f"trainer.default_local_dir={tmp_path / 'out'}", *overrides])
+    with caplog.at_level(logging.ERROR, logger="verl.trainer"):
+        code = run(config)
+    assert not ray.is_initialized(), "a refused config must not start Ray"
+    return code, "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+
+
+@pytest.mark.parametrize("override, key", BAD_VALUES, ids=[o for o, _ in BAD_VALUES])
+def test_bad_value_exits_2_before_ray_and_names_the_full_key(caplog, tmp_path, override, key):
+    code, message = run_and_capture(caplog, [override], tmp_path)
+    assert code == EXIT_BAD_CONFIG
+    assert key in message and message.startswith("Bad config:"), message
+
+
+def test_custom_score_fn_error_names_its_key(caplog, tmp_path):
+    code, message = run_and_capture(caplog, ["reward_model.custom_score_fn=no_such_module:score"], tmp_path)
+    assert code == EXIT_BAD_CONFIG and "reward_model.custom_score_fn" in message
+
+
+def test_a_class_path_policy_names_the_setting_the_user_wrote(caplog, tmp_path):
+    code, message = run_and_capture(caplog, [f"{A}.update_failure_policy=no_such_pkg.mod:Handler"], tmp_path)
+    assert code == EXIT_BAD_CONFIG
+    assert f"{A}.update_failure_policy='no_such_pkg.mod:Handler'" in message
+    assert ".module" not in message  # the user set no module key
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def write_checkpoint(root, step, *, actor=True):
+    """A complete (as far as files go) global_step_N with tiny stand-in contents."""
+    step_dir = root / f"global_step_{step}"
+    (step_dir / "actor").mkdir(parents=True)
+    save_state(step_dir / "trainer_state.pt", {"global_step": step, "data_loader": {"epoch": 0, "position": 0}})
+    if actor:
+        save_weights(step_dir / "actor" / "model.safetensors", {"w": torch.arange(64, dtype=torch.float32)})
+        save_state(step_dir / "actor" / "train_state.pt", {"num_update_steps": step})
+    return step_dir
+
+
+class Foreign:
+    """Not one of ours: its pickle names this class, which weights-only loading refuses."""
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    "damage, file",
+    [
+        (lambda d: truncate(d / "actor" / "model.safetensors"), "actor/model.safetensors"),
+        (lambda d: truncate(d / "actor" / "train_state.pt"), "actor/train_state.pt"),
+        (lambda d: torch.save({"x": Foreign()}, d / "actor" / "train_state.pt"), "actor/train_state.pt"),
+        (lambda d: (d / "trainer_state.pt").write_bytes(pickle.dumps(Foreign())), "trainer_state.pt"),
+    ],
+    ids=["truncated-weights", "truncated-train-state", "foreign-train-state", "foreign-trainer-state"],
+)
+def test_damaged_checkpoint_exits_3_naming_the_file_and_what_to_do(caplog, tmp_path, damage, file):
+    damage(write_checkpoint(tmp_path / "out", 3))
+    code, message = run_and_capture(caplog, [], tmp_path)
+    assert code == EXIT_BAD_CHECKPOINT
+    assert file in message and "resume_mode=disable" in message, message
+    assert "weights_only=False" not in message  # torch's advice would run foreign code
+
+
+def test_auto_resume_skips_an_incomplete_newer_checkpoint(caplog, tmp_path):
+    complete = write_checkpoint(tmp_path / "out", 3)
+    partial = tmp_path / "out" / "global_step_9" / "actor"
+    partial.mkdir(parents=True)
+    save_weights(partial / "model.safetensors", {"w": torch.zeros(2)})  # what a non-atomic copy leaves behind
+    config = PPOConfig.from_omegaconf(compose_omegaconf([f"trainer.default_local_dir={tmp_path / 'out'}"]))
+    with caplog.at_level(logging.WARNING):
+        assert choose_checkpoint(config) == complete
+    assert any("global_step_9" in r.getMessage() for r in caplog.records)
+
+
+def test_resume_mode_disable_ignores_even_a_damaged_checkpoint(tmp_path):
+    truncate(write_checkpoint(tmp_path / "out", 3) / "actor" / "model.safetensors")
+    overrides = [f"trainer.default_local_dir={tmp_path / 'out'}", "trainer.resume_mode=disable"]
+    assert choose_checkpoint(PPOConfig.from_omegaconf(compose_omegaconf(overrides))) is None

@@ -1,0 +1,292 @@
+"""The whole trainer config: data, models, reward, algorithm, trainer, Ray; and the decisions derived from it.
+
+:class:`PPOConfig` is built once from the composed YAML (:meth:`PPOConfig.from_omegaconf`), in the driver, before
+Ray starts; the workers receive it. Its ``check`` holds the rules that span sections (batch sizes that must split,
+a rollout that must fit the backend, a fire drill aimed at ranks that exist). The decisions that follow from the
+config (does the run need a reference model, a critic, a separate old-log-prob pass?) are methods here, so that
+trainer and workers ask the same question the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Literal
+
+from verl.workers.config.roles import ActorConfig, CriticConfig, ModelConfig, RefConfig
+from verl.workers.config.rollout import RolloutConfig
+from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(BaseConfig):
+    """``data``: prompt files (or the embedded task), batch size, lengths, order."""
+
+    KEY: ClassVar[str] = "data"
+
+    train_files: str | list[str] | None
+    val_files: str | list[str] | None
+    num_train_examples: int
+    num_val_examples: int
+    train_batch_size: int
+    val_batch_size: int | None
+    max_prompt_length: int
+    max_response_length: int
+    truncation: Literal["error", "left", "right"]
+    shuffle: bool
+    seed: int
+
+    def check(self) -> None:
+        check_int(self, "num_train_examples", 1)
+        check_int(self, "num_val_examples", 0)
+        check_int(self, "train_batch_size", 1)
+        check_int(self, "val_batch_size", 1)
+        check_int(self, "max_prompt_length", 1)
+        check_int(self, "max_response_length", 1)
+        check_int(self, "seed", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorRolloutRefConfig(BaseConfig):
+    """``actor_rollout_ref``: the policy's model, its training, its reference and its rollout."""
+
+    KEY: ClassVar[str] = "actor_rollout_ref"
+
+    model: ModelConfig
+    actor: ActorConfig
+    ref: RefConfig
+    rollout: RolloutConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig(BaseConfig):
+    """``reward_model``: the reward manager and an optional custom scoring function."""
+
+    KEY: ClassVar[str] = "reward_model"
+
+    reward_manager: str
+    custom_score_fn: str | None
+
+    def check(self) -> None:
+        from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
+
+        check_one_of(self, "reward_manager", REWARD_MANAGER_REGISTRY.names(), "registered reward managers")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig(BaseConfig):
+    """``algorithm``: the advantage estimator and its constants."""
+
+    KEY: ClassVar[str] = "algorithm"
+
+    adv_estimator: str
+    norm_adv_by_std_in_grpo: bool
+    gamma: float
+    lam: float
+
+    def check(self) -> None:
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+        check_one_of(self, "adv_estimator", ADV_ESTIMATOR_REGISTRY.names(), "registered advantage estimators")
+        if self.adv_estimator == "remax":
+            raise FieldError(
+                "adv_estimator",
+                "=remax needs reward baselines from a greedy rollout, which this trainer does not produce yet; use "
+                "grpo, rloo or reinforce_plus_plus.",
+            )
+        check_number(self, "gamma", 0.0, 1.0)
+        check_number(self, "lam", 0.0, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(BaseConfig):
+    """``trainer``: length, checkpoints, validation, logging, placement."""
+
+    KEY: ClassVar[str] = "trainer"
+
+    total_epochs: int
+    total_training_steps: int | None
+    save_freq: int
+    test_freq: int
+    val_before_train: bool
+    default_local_dir: str
+    resume_mode: Literal["auto", "disable", "resume_path"]
+    resume_from_path: str | None
+    logger: list[str]
+    project_name: str
+    experiment_name: str
+    plot: bool
+    progress_bar: bool
+    nnodes: int
+    n_gpus_per_node: int
+    device: Literal["cpu", "cuda", "auto"]
+
+    def check(self) -> None:
+        from verl.utils.tracking import LOGGERS
+
+        check_int(self, "total_epochs", 1)
+        check_int(self, "total_training_steps", 1)
+        check_int(self, "nnodes", 1)
+        check_int(self, "n_gpus_per_node", 1)
+        unknown = [name for name in self.logger if name not in LOGGERS]
+        if unknown:
+            raise FieldError("logger", f"has unknown sink(s) {unknown}; use a list of {list(LOGGERS)}.")
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ValueError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<a global_step_N directory>."
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+
+@dataclasses.dataclass(frozen=True)
+class RayInitConfig(BaseConfig):
+    """``ray_init``: join a cluster (an address) or start a local Ray instance."""
+
+    KEY: ClassVar[str] = "ray_init"
+
+    address: str | None
+    num_cpus: int | None
+
+    def check(self) -> None:
+        check_int(self, "num_cpus", 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig(BaseConfig):
+    """The composed trainer config, validated; see ``verl/trainer/config/ppo_trainer.yaml`` for every key."""
+
+    KEY: ClassVar[str] = ""
+
+    data: DataConfig
+    actor_rollout_ref: ActorRolloutRefConfig
+    critic: CriticConfig
+    reward_model: RewardModelConfig
+    algorithm: AlgorithmConfig
+    trainer: TrainerConfig
+    ray_init: RayInitConfig
+
+    @classmethod
+    def from_omegaconf(cls, config: Any) -> PPOConfig:
+        """Validate a composed Hydra/OmegaConf config (or a plain mapping) into a :class:`PPOConfig`.
+
+        Raises:
+            ValueError: any key missing, unknown, of the wrong type, out of range, or inconsistent with another.
+        """
+        from omegaconf import DictConfig, OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(config, DictConfig):
+            try:
+                config = OmegaConf.to_container(config, resolve=True)
+            except OmegaConfBaseException as err:
+                raise ValueError(f"the config does not resolve: {err}") from None
+        values = {key: value for key, value in dict(config).items() if key != "hydra"}
+        return build_config(cls, values, "")
+
+    # ------------------------------------------------------------------ cross-section rules
+
+    def check(self) -> None:
+        actor = self.actor_rollout_ref.actor
+        if self.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
+            raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
+        if actor.strategy == "megatron" and actor.megatron.is_model_parallel:
+            raise ValueError(
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size and pipeline_model_parallel_size must "
+                "be 1 in main_ppo: its workers load the Hugging Face weights, which needs whole models per rank; "
+                "scale out with trainer.n_gpus_per_node (data parallel) instead."
+            )
+        if self.algorithm.adv_estimator == "gae" and not self.needs_critic:
+            raise ValueError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true (or auto).")
+        if actor.use_kl_loss and not self.needs_reference:
+            raise ValueError(
+                "actor_rollout_ref.actor.use_kl_loss=true needs reference log-probs: set actor_rollout_ref.ref.enable "
+                "to auto or true."
+            )
+        self._check_batch_sizes()
+        self._check_fire_drill_ranks()
+        self._check_training_paths()
+
+    def _trained_sections(self) -> list[tuple[Any, str]]:
+        sections = [(self.actor_rollout_ref.actor, ActorConfig.KEY)]
+        if self.needs_critic:
+            sections.append((self.critic, CriticConfig.KEY))
+        return sections
+
+    def _check_batch_sizes(self) -> None:
+        world, n = self.trainer.world_size, self.actor_rollout_ref.rollout.n
+        train_bs = self.data.train_batch_size
+        if train_bs % world:
+            raise ValueError(
+                f"data.train_batch_size={train_bs} must be a multiple of the {world} data-parallel workers "
+                f"(trainer.n_gpus_per_node x trainer.nnodes)."
+            )
+        for section, key in self._trained_sections():
+            mini, micro = section.ppo_mini_batch_size, section.ppo_micro_batch_size_per_gpu
+            if train_bs % mini:
+                raise ValueError(
+                    f"data.train_batch_size={train_bs} is not a multiple of {key}.ppo_mini_batch_size={mini}; each "
+                    f"training batch must split into whole mini-batches."
+                )
+            if (mini * n) % world or ((mini * n) // world) % micro:
+                raise ValueError(
+                    f"{key}.ppo_mini_batch_size x rollout.n = {mini * n} samples over {world} rank(s) must give a "
+                    f"multiple of {key}.ppo_micro_batch_size_per_gpu={micro} per rank; change one of them."
+                )
+
+    def _check_fire_drill_ranks(self) -> None:
+        world = self.trainer.world_size
+        for section, key in self._trained_sections():
+            ranks = section.fault_injection.ranks
+            if ranks is not None and any(rank >= world for rank in ranks):
+                raise ValueError(
+                    f"{key}.fault_injection.ranks={ranks} names ranks that do not exist: this run has {world} "
+                    f"rank(s), 0 to {world - 1}; a drill aimed there would never fire."
+                )
+
+    def _check_training_paths(self) -> None:
+        if self.trainer.device != "cpu":
+            return  # on cuda/auto the device is only known inside a worker, which checks again
+        actor = self.actor_rollout_ref.actor
+        if actor.strategy == "megatron":
+            actor.megatron.training_path("cpu", f"{ActorConfig.KEY}.megatron")
+        if self.needs_critic and self.critic_strategy == "megatron":
+            self.critic.megatron.training_path("cpu", f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
+
+    # ------------------------------------------------------------------ decisions
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the actor workers build a frozen reference model (``ref.enable``; auto: when a KL loss needs it)."""
+        enable = self.actor_rollout_ref.ref.enable
+        return bool(self.actor_rollout_ref.actor.use_kl_loss) if enable == "auto" else bool(enable)
+
+    @property
+    def needs_critic(self) -> bool:
+        """Whether a value model trains (``critic.enable``; auto: when the advantage estimator needs values)."""
+        enable = self.critic.enable
+        return self.algorithm.adv_estimator == "gae" if enable == "auto" else bool(enable)
+
+    @property
+    def critic_strategy(self) -> str:
+        """The critic's backend: ``critic.strategy``, or the actor's when null."""
+        return self.critic.strategy or self.actor_rollout_ref.actor.strategy
+
+    @property
+    def computes_old_log_prob(self) -> bool:
+        """Whether a training step runs the separate old-log-prob pass (``actor.recompute_old_log_prob``).
+
+        ``auto`` skips it when the step makes exactly one policy update (``ppo_epochs`` 1 and ``ppo_mini_batch_size``
+        equal to ``data.train_batch_size``): that update runs on the weights that sampled the batch, so its own
+        detached log-probs are the old log-probs and the ratio is exactly 1, as in an on-policy GRPO step.
+        """
+        actor = self.actor_rollout_ref.actor
+        if actor.recompute_old_log_prob is True:
+            return True
+        one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
+        return not one_update
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size

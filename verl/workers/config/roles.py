@@ -1,0 +1,218 @@
+"""The sections of the models a run trains or reads: model paths, actor, reference, critic.
+
+Actor and critic share :class:`TrainedModelConfig` (precision, batch sizes, optimizer, update-failure policy, fire
+drill, megatron layout, seed); each adds its own loss settings. :meth:`MegatronConfig.training_path` is the one
+chooser of the megatron training path, for actor and critic alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import typing
+from typing import Any, ClassVar, Literal
+
+from verl.workers.config.optim import OptimConfig
+from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_int_list, check_number, check_one_of
+
+logger = logging.getLogger(__name__)
+
+Strategy = Literal["dp", "megatron"]
+DType = Literal["float16", "bfloat16", "float32"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+STRATEGIES = typing.get_args(Strategy)
+DTYPES = typing.get_args(DType)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(BaseConfig):
+    """``actor_rollout_ref.model``: where the weights and the tokenizer come from."""
+
+    KEY: ClassVar[str] = "actor_rollout_ref.model"
+
+    path: str
+    tokenizer_path: str | None
+
+    def check(self) -> None:
+        if not self.path:
+            raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultInjectionConfig(BaseConfig):
+    """The fire drill: update steps (1-based) whose gradients become NaN, on all ranks (null) or on some."""
+
+    nonfinite_grad_steps: list[int]
+    ranks: list[int] | None
+
+    def check(self) -> None:
+        check_int_list(self, "nonfinite_grad_steps", 1)
+        check_int_list(self, "ranks", 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MegatronConfig(BaseConfig):
+    """Model-parallel layout and optimizer choice of a megatron-core model."""
+
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    use_megatron_optimizer: bool | Literal["auto"]
+
+    def check(self) -> None:
+        check_int(self, "tensor_model_parallel_size", 1)
+        check_int(self, "pipeline_model_parallel_size", 1)
+
+    @property
+    def is_model_parallel(self) -> bool:
+        return (self.tensor_model_parallel_size, self.pipeline_model_parallel_size) != (1, 1)
+
+    def training_path(self, device_type: str, key: str, *, has_megatron_optimizer_path: bool = True) -> bool:
+        """Whether to train with megatron-core's optimizer, DDP and schedules (else the torch.optim adapter).
+
+        ``auto`` takes megatron-core's path on CUDA and the adapter on CPU. A model without a megatron-core
+        optimizer path (``has_megatron_optimizer_path=False``, the critic today) always takes the adapter.
+
+        Args:
+            device_type: "cpu" or "cuda".
+            key: the section's full key, for messages (``actor_rollout_ref.actor.megatron``).
+            has_megatron_optimizer_path: whether the model can train on megatron-core's optimizer at all.
+
+        Raises:
+            ValueError: megatron-core's optimizer without CUDA or where the model lacks that path, or model
+                parallelism on the adapter path.
+        """
+        choice = self.use_megatron_optimizer
+        on_cuda = device_type == "cuda"
+        if choice is True and not has_megatron_optimizer_path:
+            raise ValueError(
+                f"{key}.use_megatron_optimizer=true: this model has no megatron-core optimizer path yet; set it to "
+                f"auto or false (the torch.optim adapter)."
+            )
+        if choice is True and not on_cuda:
+            raise ValueError(
+                f"{key}.use_megatron_optimizer=true needs CUDA: megatron-core's optimizer, DDP and schedules are "
+                f"CUDA-only. Use auto (the torch.optim adapter on CPU) or run with trainer.device=cuda."
+            )
+        use_megatron = has_megatron_optimizer_path and (on_cuda if choice == "auto" else bool(choice))
+        if choice == "auto" and on_cuda and not has_megatron_optimizer_path:
+            logger.warning("%s: no megatron-core optimizer path for this model yet; using the torch.optim adapter", key)
+        if not use_megatron and self.is_model_parallel:
+            raise ValueError(
+                f"{key}: tensor/pipeline parallel sizes {self.tensor_model_parallel_size}/"
+                f"{self.pipeline_model_parallel_size} need megatron-core's optimizer path (CUDA); on the torch.optim "
+                f"adapter path both must be 1."
+            )
+        return use_megatron
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModelConfig(BaseConfig):
+    """What actor and critic share: precision, batch sizes, passes, optimizer, failure policy, fire drill, seed.
+
+    ``ppo_mini_batch_size`` counts prompts in the YAML; the worker hands the update loop a copy counting samples
+    per rank (:meth:`per_rank`).
+    """
+
+    ROLE: ClassVar[str] = "actor"
+
+    dtype: DType
+    ppo_mini_batch_size: int
+    ppo_micro_batch_size_per_gpu: int
+    ppo_epochs: int
+    shuffle: bool
+    loss_agg_mode: LossAggMode
+    update_failure_policy: Any
+    fault_injection: FaultInjectionConfig
+    optim: OptimConfig
+    megatron: MegatronConfig
+    seed: int
+
+    def check(self) -> None:
+        check_int(self, "ppo_mini_batch_size", 1)
+        check_int(self, "ppo_micro_batch_size_per_gpu", 1)
+        check_int(self, "ppo_epochs", 1)
+        check_int(self, "seed", 0)
+        self._check_policy()
+
+    def _check_policy(self) -> None:
+        from verl.workers.update_outcome import build_update_outcome_handler
+
+        # Build the handler once here, so a typo or a bad parameter fails at start-up, not in a Ray worker.
+        build_update_outcome_handler(self.update_failure_policy, dtype=self.dtype, role=self.ROLE)
+
+    def per_rank(self, rollout_n: int, world_size: int):
+        """A copy whose ``ppo_mini_batch_size`` counts samples on one rank (prompts x ``rollout_n`` / ranks)."""
+        samples = self.ppo_mini_batch_size * rollout_n
+        if samples % world_size:
+            raise ValueError(
+                f"{self.KEY}.ppo_mini_batch_size x rollout.n = {samples} samples do not split over {world_size} "
+                f"ranks; make it a multiple of trainer.n_gpus_per_node x trainer.nnodes."
+            )
+        return dataclasses.replace(self, ppo_mini_batch_size=samples // world_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig(TrainedModelConfig):
+    """``actor_rollout_ref.actor``: the policy's training settings (see ``ppo_trainer.yaml`` for each key)."""
+
+    KEY: ClassVar[str] = "actor_rollout_ref.actor"
+    ROLE: ClassVar[str] = "actor"
+
+    strategy: Strategy
+    log_prob_micro_batch_size_per_gpu: int
+    recompute_old_log_prob: Literal["auto", True]
+    policy_loss: str
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: KLType
+
+    def check(self) -> None:
+        super().check()
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+        check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
+        check_one_of(self, "policy_loss", POLICY_LOSS_REGISTRY.names(), "registered policy losses")
+        check_number(self, "clip_ratio", 0.0, exclusive_min=True)
+        check_number(self, "clip_ratio_low", 0.0, exclusive_min=True)
+        check_number(self, "clip_ratio_high", 0.0, exclusive_min=True)
+        check_number(self, "clip_ratio_c", 1.0, exclusive_min=True)
+        check_number(self, "kl_loss_coef", 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RefConfig(BaseConfig):
+    """``actor_rollout_ref.ref``: the frozen reference model for KL terms."""
+
+    KEY: ClassVar[str] = "actor_rollout_ref.ref"
+
+    enable: bool | Literal["auto"]
+    log_prob_micro_batch_size_per_gpu: int
+
+    def check(self) -> None:
+        check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig(TrainedModelConfig):
+    """``critic``: the value model's training settings (same shared keys as the actor's, plus its own)."""
+
+    KEY: ClassVar[str] = "critic"
+    ROLE: ClassVar[str] = "critic"
+
+    enable: bool | Literal["auto"]
+    strategy: Strategy | None
+    forward_micro_batch_size_per_gpu: int
+    cliprange_value: float
+    warmup_steps: int
+
+    def check(self) -> None:
+        super().check()
+        check_int(self, "forward_micro_batch_size_per_gpu", 1)
+        check_number(self, "cliprange_value", 0.0, exclusive_min=True)
+        check_int(self, "warmup_steps", 0)

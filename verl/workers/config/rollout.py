@@ -1,0 +1,60 @@
+"""``actor_rollout_ref.rollout``: which engine generates, and how it samples (training and validation)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from verl.workers.config.schema import BaseConfig, check_int, check_number, check_one_of
+
+
+@dataclasses.dataclass(frozen=True)
+class ValKwargsConfig(BaseConfig):
+    """How validation prompts are answered (greedy by default)."""
+
+    n: int
+    do_sample: bool
+    temperature: float
+
+    def check(self) -> None:
+        check_int(self, "n", 1)
+        check_number(self, "temperature", 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(BaseConfig):
+    """The rollout engine and its sampling options (see ``ppo_trainer.yaml`` for each key)."""
+
+    KEY: ClassVar[str] = "actor_rollout_ref.rollout"
+
+    name: str
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    do_sample: bool
+    response_length: int
+    seed: int
+    val_kwargs: ValKwargsConfig
+
+    def check(self) -> None:
+        from verl.workers.rollout import ROLLOUT_REGISTRY
+
+        check_one_of(self, "name", ROLLOUT_REGISTRY.names(), "registered rollouts")
+        check_int(self, "n", 1)
+        check_number(self, "temperature", 0.0)
+        check_number(self, "top_p", 0.0, 1.0, exclusive_min=True)
+        check_int(self, "response_length", 1)
+        check_int(self, "seed", 0)
+
+    def sampling_options(self, seed_offset: int = 0) -> dict:
+        """The options a rollout samples with (``seed`` shifted by ``seed_offset``: ranks sample differently)."""
+        return {
+            "n": self.n,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "do_sample": self.do_sample,
+            "response_length": self.response_length,
+            "seed": self.seed + seed_offset,
+        }
