@@ -124,7 +124,6 @@ def actor_config(strategy: str = "dp", dtype: str = "float32", **overrides):
         "dtype": dtype,
         "ppo_mini_batch_size": 8,
         "ppo_micro_batch_size_per_gpu": 8,
-        "log_prob_micro_batch_size_per_gpu": 16,
         "optim": {"lr": 1e-4, "initial_loss_scale": 1024.0},
     }
     merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(overrides))

@@ -1,9 +1,11 @@
-"""Turn a local GSM8K file into verl's training format: a parquet file of prompt, ground_truth, data_source.
+"""Turn a local GSM8K file into verl's training format: the parquet layout verl's own preprocessing writes.
 
-GSM8K rows have a ``question`` and an ``answer`` whose last line is ``#### <number>``. Each row becomes a prompt
-(the question plus an instruction to end with ``#### <answer>``, the format the ``openai/gsm8k`` scorer in
-:mod:`verl.utils.reward_score.gsm8k` reads), the ground truth (the number after ``####``, normalised the way the
-scorer normalises responses) and ``data_source="openai/gsm8k"``. Nothing is downloaded: point ``--input`` at a
+GSM8K rows have a ``question`` and an ``answer`` whose last line is ``#### <number>``. Each row becomes
+``data_source="openai/gsm8k"``; a ``prompt`` chat of one user message (the question plus an instruction to end
+with ``#### <answer>``, the format the ``openai/gsm8k`` scorer in :mod:`verl.utils.reward_score.gsm8k` reads);
+``ability="math"``; ``reward_model={"style": "rule", "ground_truth": <the number after ####, normalised the way
+the scorer normalises responses>}``; and ``extra_info`` (split, index, the original question and answer). Files
+written by verl's preprocessing and by this script read the same. Nothing is downloaded: point ``--input`` at a
 JSONL or parquet copy of the split you have.
 
 Usage::
@@ -29,6 +31,7 @@ from verl.utils.reward_score.gsm8k import extract_solution
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 SPLITS = ("train", "test", "val")
+COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -64,8 +67,9 @@ def make_prompt(question: str) -> str:
     return f"{question.strip()} {INSTRUCTION}"
 
 
-def convert_row(record: dict[str, Any], where: str) -> dict[str, str]:
-    """One GSM8K record -> ``{"prompt", "ground_truth", "data_source"}``.
+def convert_row(record: dict[str, Any], where: str, split: str = "train", index: int = 0) -> dict[str, Any]:
+    """One GSM8K record -> a row of verl's layout (``data_source``, ``prompt`` chat, ``ability``,
+    ``reward_model``, ``extra_info``).
 
     Raises:
         ValueError: ``question`` or ``answer`` missing or not a string, or an answer without ``#### <number>``.
@@ -79,7 +83,13 @@ def convert_row(record: dict[str, Any], where: str) -> dict[str, str]:
     ground_truth = extract_solution(record["answer"], method="strict")
     if ground_truth is None:
         raise ValueError(f"{where}: the answer does not end with '#### <number>': {record['answer'][-80:]!r}.")
-    return {"prompt": make_prompt(record["question"]), "ground_truth": ground_truth, "data_source": DATA_SOURCE}
+    return {
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": make_prompt(record["question"])}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": split, "index": index, "question": record["question"], "answer": record["answer"]},
+    }
 
 
 def convert_file(input_path: Path, output_dir: Path, split: str) -> Path:
@@ -93,10 +103,10 @@ def convert_file(input_path: Path, output_dir: Path, split: str) -> Path:
     records = read_rows(input_path)
     if not records:
         raise ValueError(f"--input {str(input_path)!r} has no rows.")
-    rows = [convert_row(record, f"{input_path} row {index}") for index, record in enumerate(records)]
+    rows = [convert_row(record, f"{input_path} row {index}", split, index) for index, record in enumerate(records)]
     output_dir.mkdir(parents=True, exist_ok=True)
     output_path = output_dir / f"{split}.parquet"
-    pd.DataFrame(rows, columns=["prompt", "ground_truth", "data_source"]).to_parquet(output_path, index=False)
+    pd.DataFrame(rows, columns=COLUMNS).to_parquet(output_path, index=False)
     return output_path
 
 

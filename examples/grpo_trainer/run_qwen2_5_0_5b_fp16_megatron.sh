@@ -7,7 +7,6 @@
 # fp16 starts at loss scale 2**32: expect a dozen or more skipped updates while the scaler backs off.
 # fp16_warn_and_count skips them and stops only after more than 20 consecutive failed updates the scaler
 # could not absorb (the scale already at min_loss_scale).
-# GRPO trains no critic; critic.ppo_* only match the actor's so the start-up batch-size checks pass.
 set -euo pipefail
 : "${MODEL_PATH:?set MODEL_PATH to a local Qwen2.5-0.5B-Instruct directory}"
 : "${DATA_DIR:?set DATA_DIR to the --output_dir of examples/data_preprocess/gsm8k.py}"
@@ -26,7 +25,7 @@ python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1 \
     actor_rollout_ref.actor.ppo_mini_batch_size=32 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
-    actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.use_kl_loss=true \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
@@ -35,8 +34,6 @@ python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.name=naive \
     actor_rollout_ref.rollout.n=8 \
-    critic.ppo_mini_batch_size=32 \
-    critic.ppo_micro_batch_size_per_gpu=8 \
     trainer.device=cuda \
     trainer.nnodes=1 \
     trainer.n_gpus_per_node="${N_GPUS:-8}" \

@@ -5,7 +5,6 @@
 #   N_GPUS      GPUs on this node (default 8); 128 prompts x 8 samples split evenly over 1, 2, 4 or 8
 # Extra key=value arguments override the ones below, e.g. trainer.total_epochs=1.
 # The policy stops after more than 20 consecutive failed updates the fp16 loss scaler could not absorb.
-# GRPO trains no critic; critic.ppo_* only match the actor's so the start-up batch-size checks pass.
 set -euo pipefail
 : "${MODEL_PATH:?set MODEL_PATH to a local Qwen2.5-1.5B-Instruct directory}"
 : "${DATA_DIR:?set DATA_DIR to the --output_dir of examples/data_preprocess/gsm8k.py}"
@@ -22,7 +21,7 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.actor.dtype=float16 \
     actor_rollout_ref.actor.ppo_mini_batch_size=32 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.use_kl_loss=true \
     actor_rollout_ref.actor.kl_loss_coef=0.001 \
@@ -31,8 +30,6 @@ python3 -m verl.trainer.main_ppo \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.name=hf \
     actor_rollout_ref.rollout.n=8 \
-    critic.ppo_mini_batch_size=32 \
-    critic.ppo_micro_batch_size_per_gpu=4 \
     trainer.device=cuda \
     trainer.nnodes=1 \
     trainer.n_gpus_per_node="${N_GPUS:-8}" \

@@ -133,14 +133,17 @@ def test_gsm8k_jsonl_becomes_the_training_format(tmp_path):
     written = gsm8k.convert_file(source, tmp_path / "out", "train")
     assert written == tmp_path / "out" / "train.parquet"
     frame = pd.read_parquet(written)
-    assert list(frame.columns) == ["prompt", "ground_truth", "data_source"]
+    # verl's layout: a chat prompt, the answer under reward_model, extra_info
+    assert list(frame.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     # "#### 2,000" -> "2000": the scorer compares numbers with the thousands separators removed
-    assert list(frame["ground_truth"]) == ["7", "2000"]
+    assert [r["ground_truth"] for r in frame["reward_model"]] == ["7", "2000"]
     assert set(frame["data_source"]) == {"openai/gsm8k"}
-    assert frame["prompt"][1] == f"A farm sells 1,000 eggs a day. How many in 2 days? {gsm8k.INSTRUCTION}"
+    question = f"A farm sells 1,000 eggs a day. How many in 2 days? {gsm8k.INSTRUCTION}"
+    assert list(frame["prompt"][1]) == [{"role": "user", "content": question}]
     # the trainer's dataset reads the file, and the built-in scorer for its data_source accepts a right answer
-    dataset = RLHFDataset(written)
-    assert dataset[1]["ground_truth"] == "2000" and dataset[1]["raw_prompt"] == frame["prompt"][1]
+    dataset = RLHFDataset(written, render_chat=lambda messages: messages[-1]["content"])
+    assert dataset[1]["ground_truth"] == "2000" and dataset[1]["raw_prompt"] == question
+    assert dataset[1]["extra_info"]["index"] == 1
     assert default_compute_score(dataset[1]["data_source"], "2 * 1000 = 2000\n#### 2000", "2000") == 1.0
 
 
@@ -164,7 +167,8 @@ def test_gsm8k_parquet_input_through_the_cli(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "wrote 2 rows" in proc.stdout
-    assert list(pd.read_parquet(tmp_path / "out" / "test.parquet")["ground_truth"]) == ["7", "2000"]
+    rewards = pd.read_parquet(tmp_path / "out" / "test.parquet")["reward_model"]
+    assert [r["ground_truth"] for r in rewards] == ["7", "2000"]
 
 
 @pytest.mark.parametrize(

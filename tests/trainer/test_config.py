@@ -131,7 +131,7 @@ def test_unknown_key_is_an_error():
     [
         ("+trainer.totl_training_steps=5", r"trainer\.totl_training_steps is not a known config key"),
         ("+foo.bar=1", r"foo is not a known config key"),
-        ("+actor_rollout_ref.actor.fsdp_config.param_offload=true", r"fsdp_config is a verl key for a feature"),
+        ("+actor_rollout_ref.model.use_remove_padding=true", r"use_remove_padding is a verl key for a feature"),
     ],
 )
 def test_added_unknown_keys_are_errors_not_ignored(override, match):
@@ -153,7 +153,7 @@ def test_policy_mapping_from_the_command_line():
         (["actor_rollout_ref.actor.optim.lr=fast"], "optim.lr='fast' has the wrong type"),
         (
             ["actor_rollout_ref.actor.strategy=fsdp9"],
-            r"strategy='fsdp9' is not supported; use one of 'dp', 'megatron'",
+            r"strategy='fsdp9' is not supported; use one of 'dp', 'fsdp', 'fsdp2', 'megatron'",
         ),
         (["actor_rollout_ref.actor.dtype=int8"], "dtype='int8' is not supported"),
         (["actor_rollout_ref.actor.dtype=fp16"], "dtype='fp16' is not supported"),  # one spelling: float16

@@ -37,6 +37,8 @@ def test_jsonl_and_parquet_read_the_same(tmp_path):
             "raw_prompt": "what is 2+2?",
             "ground_truth": "4",
             "data_source": "openai/gsm8k",
+            "raw_chat": None,  # a plain-string prompt
+            "extra_info": None,
             "index": 1,
         }
     both = RLHFDataset([jsonl, parquet])
@@ -165,3 +167,71 @@ def test_loader_errors():
     with pytest.raises(ValueError, match="positive"):
         StatefulPromptLoader(make_tiny_task_dataset(5), batch_size=0)
     assert isinstance(make_tiny_task_dataset(2)[0]["index"], int)
+
+
+class JoinTokenizer:
+    """Stands in for a tokenizer: one token per character; a chat template only when given one."""
+
+    pad_token_id = 0
+
+    def __init__(self, chat_template=None):
+        self.chat_template = chat_template
+
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 50 + 1 for c in text]}
+
+    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+        assert add_generation_prompt and not tokenize
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+VERL_ROWS = [  # as verl's preprocessing writes them: a chat prompt, the answer under reward_model, extra_info
+    {
+        "question_text": [{"role": "user", "content": "2+2?"}],
+        "source": "openai/gsm8k",
+        "reward_model": {"ground_truth": "4", "style": "rule"},
+        "extra_info": {"split": "train", "index": 0},
+    },
+    {
+        "question_text": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a very long one?"}],
+        "source": "openai/gsm8k",
+        "reward_model": {"ground_truth": "1", "style": "rule"},
+        "extra_info": {"split": "train", "index": 1},
+    },
+]
+
+
+def test_verl_style_rows_with_chat_prompts_and_renamed_columns(tmp_path):
+    from verl.utils.dataset import chat_renderer
+
+    parquet = tmp_path / "verl.parquet"
+    pd.DataFrame(VERL_ROWS).to_parquet(parquet)
+    with_template = RLHFDataset(
+        parquet, prompt_key="question_text", data_source_key="source", render_chat=chat_renderer(JoinTokenizer("t"))
+    )
+    assert with_template[0]["raw_prompt"] == "<user>2+2?<assistant>"  # the tokenizer's template, turn opened
+    assert with_template[0]["raw_chat"] == [{"role": "user", "content": "2+2?"}]
+    assert with_template[0]["data_source"] == "openai/gsm8k" and with_template[0]["ground_truth"] == "4"
+    assert with_template[1]["extra_info"] == {"split": "train", "index": 1}
+    # without a template the contents are joined by newlines
+    plain = RLHFDataset(parquet, prompt_key="question_text", render_chat=chat_renderer(JoinTokenizer()))
+    assert plain[1]["raw_prompt"] == "be brief\na very long one?"
+    with pytest.raises(ValueError, match="holds chats, but no chat renderer"):
+        RLHFDataset(parquet, prompt_key="question_text")
+
+
+def test_collator_reports_lengths_and_returns_raw_chats_when_asked(tmp_path):
+    from verl.utils.dataset import chat_renderer
+
+    parquet = tmp_path / "verl.parquet"
+    pd.DataFrame(VERL_ROWS).to_parquet(parquet)
+    dataset = RLHFDataset(parquet, prompt_key="question_text", render_chat=chat_renderer(JoinTokenizer()))
+    collate = PromptCollator(JoinTokenizer(), max_prompt_length=8, truncation="left", return_raw_chat=True)
+    # "2+2?" is 4 characters = 4 tokens; "be brief\na very long one?" is 25
+    assert [collate.num_tokens(dataset[i]) for i in range(2)] == [4, 25]
+    kept = dataset.filter(lambda row: collate.num_tokens(row) <= 8)
+    assert len(kept) == 1 and kept[0]["ground_truth"] == "4"
+    batch = collate([dataset[0], dataset[1]])
+    assert batch["raw_chat"][0] == [{"role": "user", "content": "2+2?"}]
+    assert batch["extra_info"][1] == {"split": "train", "index": 1}
+    assert "raw_chat" not in PromptCollator(JoinTokenizer(), max_prompt_length=8, truncation="left")([dataset[0]])

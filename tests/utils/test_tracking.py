@@ -100,3 +100,16 @@ def test_tracking_cuts_a_half_written_tail_before_appending(tmp_path, caplog):
     tracker.close()
     # without the cut, the new row would be glued to the partial one and damage a line in the middle
     assert [row["step"] for row in read_metrics(path)] == [1, 2, 3]
+
+
+def test_a_fresh_start_moves_an_earlier_runs_rows_aside(tmp_path):
+    from verl.utils.tracking import Tracking
+
+    earlier = tmp_path / "metrics.jsonl"
+    earlier.write_text('{"step": 1, "x": 1.0}\n{"step": 2, "x": 2.0}\n')
+    tracker = Tracking(["jsonl"], tmp_path, "p", "e")
+    moved = tracker.set_aside_earlier_rows()
+    # nothing is deleted: the earlier rows live on under a dated name, and the new run starts an empty file
+    assert moved is not None and moved.read_text().count("\n") == 2 and not earlier.exists()
+    assert tracker.set_aside_earlier_rows() is None  # nothing left to move
+    tracker.close()

@@ -36,14 +36,15 @@ def test_reference_uses_its_own_micro_batch_and_has_no_optimizer(make_worker):
     worker = make_worker(
         "actor_rollout_ref.ref.enable=true",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
     )
     assert worker.ref is not None and worker.ref.optimizer is None and worker.ref.lr_scheduler is None
     # a model that never trains gets no update-failure policy and no gradients either
     assert worker.ref.update_outcome_handler is None
     assert not any(p.requires_grad for p in worker.ref.model_module().parameters())
-    assert worker.ref.config.log_prob_micro_batch_size_per_gpu == 8
-    assert worker.actor.config.log_prob_micro_batch_size_per_gpu == 16
+    # verl's keys: the old-log-prob pass reads actor_rollout_ref.rollout's micro-batch size, the reference its own
+    assert worker.config.actor_rollout_ref.ref.log_prob_micro_batching().size == 8
+    assert worker.config.actor_rollout_ref.rollout.log_prob_micro_batching().size == 16
     # The per-rank config turns 16 prompts x 4 samples into 64 samples per mini-batch on the single rank.
     assert worker.actor.config.ppo_mini_batch_size == 64
 

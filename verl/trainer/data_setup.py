@@ -49,30 +49,68 @@ class TrainingData:
     num_train_prompts: int
 
 
-def _datasets(config: PPOConfig):
-    from verl.utils.dataset import RLHFDataset, make_tiny_task_dataset
+def _datasets(config: PPOConfig, tokenizer):
+    from verl.utils.dataset import RLHFDataset, chat_renderer, make_tiny_task_dataset
 
     data = config.data
+
+    def from_files(files):
+        return RLHFDataset(
+            files,
+            prompt_key=data.prompt_key,
+            data_source_key=data.reward_fn_key,
+            render_chat=chat_renderer(tokenizer),
+        )
+
     if data.train_files is None:
-        train = make_tiny_task_dataset(int(data.num_train_examples), seed=int(data.seed))
+        train = make_tiny_task_dataset(data.num_train_examples, seed=data.seed)
     else:
-        train = RLHFDataset(list(data.train_files) if not isinstance(data.train_files, str) else data.train_files)
+        train = from_files(data.train_files)
     if data.val_files is None and data.train_files is None:
         # a different seed: held-out prompts of the same task
-        val = make_tiny_task_dataset(int(data.num_val_examples), seed=int(data.seed) + 1_000_003)
+        val = make_tiny_task_dataset(data.num_val_examples, seed=data.seed + 1_000_003)
     elif data.val_files is None:
         val = None
     else:
-        val = RLHFDataset(list(data.val_files) if not isinstance(data.val_files, str) else data.val_files)
+        val = from_files(data.val_files)
     return train, val
 
 
+def _drop_overlong(dataset, collate, name: str):
+    """``data.filter_overlong_prompts``: keep the prompts that fit ``data.max_prompt_length``, and say how many went."""
+    kept = dataset.filter(lambda row: collate.num_tokens(row) <= collate.max_prompt_length)
+    if len(kept) < len(dataset):
+        logger.warning(
+            "data.filter_overlong_prompts: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
+            len(dataset) - len(kept),
+            len(dataset),
+            name,
+            collate.max_prompt_length,
+        )
+    if not len(kept):
+        raise ValueError(
+            f"data.filter_overlong_prompts dropped every {name} prompt: all are longer than data.max_prompt_length="
+            f"{collate.max_prompt_length} tokens; raise it."
+        )
+    return kept
+
+
 def build_reward_fn(config: PPOConfig, tokenizer):
+    """The reward manager, with the custom scoring function named by ``reward_model.custom_score_fn`` or by
+    verl's ``custom_reward_function.path`` / ``.name`` (at most one of them is set)."""
     from verl.workers.reward_manager import get_reward_manager_cls, load_custom_score_fn
+    from verl.workers.reward_manager.registry import load_custom_reward_function
 
     manager_cls = get_reward_manager_cls(config.reward_model.reward_manager)
-    spec = config.reward_model.custom_score_fn
-    return manager_cls(tokenizer=tokenizer, compute_score=load_custom_score_fn(spec) if spec else None)
+    custom = config.custom_reward_function
+    if custom.path:
+        compute_score = load_custom_reward_function(custom.path, custom.name)
+    elif config.reward_model.custom_score_fn:
+        compute_score = load_custom_score_fn(config.reward_model.custom_score_fn)
+    else:
+        compute_score = None
+    # the dataset already read data.reward_fn_key's column into each row's data_source
+    return manager_cls(tokenizer=tokenizer, compute_score=compute_score)
 
 
 def build_data(config: PPOConfig, world_size: int) -> TrainingData:
@@ -82,8 +120,14 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
 
     model_cfg = config.actor_rollout_ref.model
     tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
-    collate = PromptCollator(tokenizer, int(config.data.max_prompt_length), truncation=config.data.truncation)
-    train, val = _datasets(config)
+    data = config.data
+    collate = PromptCollator(
+        tokenizer, data.max_prompt_length, truncation=data.truncation, return_raw_chat=data.return_raw_chat
+    )
+    train, val = _datasets(config, tokenizer)
+    if data.filter_overlong_prompts:
+        train = _drop_overlong(train, collate, "training")
+        val = _drop_overlong(val, collate, "validation") if val is not None and len(val) else val
     if int(config.data.train_batch_size) % world_size:
         raise ValueError(
             f"data.train_batch_size={config.data.train_batch_size} must be a multiple of the {world_size} "

@@ -53,15 +53,20 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 class RLHFDataset(torch.utils.data.Dataset):
     """Prompts with ground truth, read from parquet / JSONL files.
 
-    Each item is ``{"raw_prompt": str, "ground_truth": str, "data_source": str, "index": int}``.
+    Each item is ``{"raw_prompt": str, "ground_truth": str, "data_source": str, "raw_chat": list | None,
+    "extra_info": Any, "index": int}``. A prompt is a string, or a chat as verl's data files hold it (a list of
+    ``{"role", "content"}`` messages): the chat is rendered to ``raw_prompt`` by ``render_chat`` and kept as
+    ``raw_chat``.
 
     Args:
         data_files: one path or a list of paths (``.parquet`` or ``.jsonl``), concatenated in order.
-        prompt_key: column holding the prompt text.
+        prompt_key: column holding the prompt (``data.prompt_key``).
         ground_truth_key: column holding the reference answer; a verl-style ``reward_model`` column of dicts
             with a ``ground_truth`` entry is accepted when this column is absent.
-        data_source_key: optional column naming the scorer per row.
+        data_source_key: optional column naming the scorer per row (``data.reward_fn_key``).
         default_data_source: ``data_source`` for rows of files without that column.
+        render_chat: turns a chat (list of messages) into the prompt text, e.g. the tokenizer's chat template
+            (:func:`chat_renderer`); None refuses chat prompts.
 
     Raises:
         ValueError: unknown extension, missing file, missing column, or a prompt that is not a string.
@@ -74,16 +79,16 @@ class RLHFDataset(torch.utils.data.Dataset):
         ground_truth_key: str = "ground_truth",
         data_source_key: str = "data_source",
         default_data_source: str = "unknown",
+        render_chat: Callable[[list[dict[str, str]]], str] | None = None,
     ):
         paths = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         if not paths:
             raise ValueError("RLHFDataset needs at least one data file (data.train_files / data.val_files).")
-        rows: list[dict[str, str]] = []
+        rows: list[dict[str, Any]] = []
+        keys = (prompt_key, ground_truth_key, data_source_key, default_data_source)
         for path in paths:
             for record in _read_records(Path(path)):
-                rows.append(
-                    _to_row(record, str(path), prompt_key, ground_truth_key, data_source_key, default_data_source)
-                )
+                rows.append(_to_row(record, str(path), *keys, render_chat=render_chat))
         self._rows = rows
 
     @classmethod
@@ -91,6 +96,12 @@ class RLHFDataset(torch.utils.data.Dataset):
         """A dataset over in-memory rows with keys ``prompt``, ``ground_truth``, ``data_source``."""
         dataset = cls.__new__(cls)
         dataset._rows = [_to_row(r, "records", "prompt", "ground_truth", "data_source", "unknown") for r in records]
+        return dataset
+
+    def filter(self, keep: Callable[[dict[str, Any]], bool]) -> RLHFDataset:
+        """A dataset of the rows for which ``keep(row)`` is true, in order (indices renumbered)."""
+        dataset = type(self).__new__(type(self))
+        dataset._rows = [row for row in self._rows if keep(row)]
         return dataset
 
     def __len__(self) -> int:
@@ -101,15 +112,48 @@ class RLHFDataset(torch.utils.data.Dataset):
         return {**row, "index": int(index)}
 
 
-def _to_row(record, where, prompt_key, ground_truth_key, data_source_key, default_data_source) -> dict[str, str]:
+def _as_chat(value: Any) -> list[dict[str, str]] | None:
+    """A chat (list of {role, content} messages, as verl's files hold prompts) as plain dicts; None otherwise."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) and "role" in m for m in value):
+        return None
+    return [{"role": str(m["role"]), "content": m["content"]} for m in value]
+
+
+def chat_renderer(tokenizer) -> Callable[[list[dict[str, str]]], str]:
+    """The tokenizer's chat template (with the assistant's turn opened), or, for a tokenizer without one, the
+    messages' contents joined by newlines."""
+
+    def render(messages: list[dict[str, str]]) -> str:
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return "\n".join(m["content"] for m in messages)
+
+    return render
+
+
+def _to_row(
+    record, where, prompt_key, ground_truth_key, data_source_key, default_data_source, render_chat=None
+) -> dict[str, Any]:
     if prompt_key not in record:
         raise ValueError(
             f"{where}: missing column {prompt_key!r} (found {sorted(record)}). "
-            f"Every row needs a {prompt_key!r} string; rename your column or set data.prompt_key."
+            f"Every row needs a {prompt_key!r} string or chat; rename your column or set data.prompt_key."
         )
     prompt = record[prompt_key]
+    chat = _as_chat(prompt)
+    if chat is not None:
+        if render_chat is None:
+            raise ValueError(f"{where}: column {prompt_key!r} holds chats, but no chat renderer was given.")
+        prompt = render_chat(chat)
     if not isinstance(prompt, str):
-        raise ValueError(f"{where}: column {prompt_key!r} must hold strings, got {type(prompt).__name__}.")
+        raise ValueError(
+            f"{where}: column {prompt_key!r} must hold strings or chats (lists of {{role, content}} messages), "
+            f"got {type(prompt).__name__}."
+        )
     if ground_truth_key in record:
         ground_truth = record[ground_truth_key]
     elif isinstance(record.get("reward_model"), dict) and "ground_truth" in record["reward_model"]:
@@ -122,7 +166,13 @@ def _to_row(record, where, prompt_key, ground_truth_key, data_source_key, defaul
     data_source = record.get(data_source_key)
     if data_source is None or (isinstance(data_source, float) and np.isnan(data_source)):
         data_source = default_data_source
-    return {"raw_prompt": prompt, "ground_truth": str(ground_truth), "data_source": str(data_source)}
+    return {
+        "raw_prompt": prompt,
+        "ground_truth": str(ground_truth),
+        "data_source": str(data_source),
+        "raw_chat": chat,
+        "extra_info": record.get("extra_info"),
+    }
 
 
 def make_tiny_task_dataset(num_examples: int, seed: int = 0) -> RLHFDataset:
@@ -158,7 +208,7 @@ class PromptCollator:
         ValueError: unknown ``truncation``, non-positive length, or a tokenizer without a pad token.
     """
 
-    def __init__(self, tokenizer, max_prompt_length: int, truncation: str = "error"):
+    def __init__(self, tokenizer, max_prompt_length: int, truncation: str = "error", return_raw_chat: bool = False):
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"Unknown truncation {truncation!r}; accepted: {', '.join(TRUNCATION_MODES)}.")
         if max_prompt_length <= 0:
@@ -168,6 +218,11 @@ class PromptCollator:
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
+        self.return_raw_chat = return_raw_chat
+
+    def num_tokens(self, row: dict[str, Any]) -> int:
+        """The length of a row's tokenized prompt, before any truncation."""
+        return len(self.tokenizer(row["raw_prompt"])["input_ids"])
 
     def _fit(self, ids: list[int], prompt: str) -> list[int]:
         if len(ids) <= self.max_prompt_length:
@@ -187,7 +242,8 @@ class PromptCollator:
         Returns:
             ``input_ids``, ``attention_mask``, ``position_ids``: (B, P) int64, left-padded, with
             ``position_ids = clamp(cumsum(attention_mask) - 1, min=0)``; and object arrays of length B:
-            ``raw_prompt``, ``ground_truth``, ``data_source``, plus ``index`` (int64).
+            ``raw_prompt``, ``ground_truth``, ``data_source``, ``extra_info``, ``raw_chat`` (with
+            ``return_raw_chat``), plus ``index`` (int64).
         """
         num_rows, width = len(rows), self.max_prompt_length
         input_ids = torch.full((num_rows, width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -201,18 +257,23 @@ class PromptCollator:
 
         def column(key: str) -> np.ndarray:
             values = np.empty(num_rows, dtype=object)
-            values[:] = [row[key] for row in rows]
+            for i, row in enumerate(rows):  # element by element: list values must not become a 2-D array
+                values[i] = row.get(key)
             return values
 
-        return {
+        collated = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids,
             "raw_prompt": column("raw_prompt"),
             "ground_truth": column("ground_truth"),
             "data_source": column("data_source"),
+            "extra_info": column("extra_info"),
             "index": np.array([row["index"] for row in rows], dtype=np.int64),
         }
+        if self.return_raw_chat:
+            collated["raw_chat"] = column("raw_chat")
+        return collated
 
 
 class StatefulPromptLoader:

@@ -18,6 +18,7 @@ import math
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,20 @@ class Tracking:
         if self.jsonl_path is None:
             return 0
         return truncate_jsonl_after_step(self.jsonl_path, step)
+
+    def set_aside_earlier_rows(self) -> Path | None:
+        """On a fresh start, move an earlier run's non-empty ``metrics.jsonl`` aside (never delete it).
+
+        The file becomes ``metrics.<time>.jsonl`` next to it, with a warning naming both, so the new run's steps
+        appear once. Returns the new path, or None when there was nothing to move.
+        """
+        if self.jsonl_path is None or not self.jsonl_path.is_file() or self.jsonl_path.stat().st_size == 0:
+            return None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.jsonl_path.with_name(f"metrics.{stamp}.jsonl")
+        os.replace(self.jsonl_path, target)
+        logger.warning("an earlier run's metrics were in %s: moved to %s", self.jsonl_path, target)
+        return target
 
     def close(self) -> None:
         if self._tb is not None:

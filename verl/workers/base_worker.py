@@ -139,10 +139,7 @@ class ActorRolloutRefWorker(_ModelWorker):
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
         if cfg.needs_reference:
-            ref_config = actor_config.replace(
-                log_prob_micro_batch_size_per_gpu=arr.ref.log_prob_micro_batch_size_per_gpu
-            )
-            self.ref = self._build_actor(ref_config, device, trainable=False)
+            self.ref = self._build_actor(actor_config, device, trainable=False)
         tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path)
         self.rollout = get_rollout_cls(arr.rollout.name)(
             self._rollout_model(),
@@ -179,14 +176,16 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        log_probs, _ = self.actor.compute_log_prob(data.to(self._device()))
+        batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
+        log_probs, _ = self.actor.compute_log_prob(data.to(self._device()), batching)
         return DataProto.from_dict(tensors={"old_log_probs": log_probs.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
-        log_probs, _ = self.ref.compute_log_prob(data.to(self._device()))
+        batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
+        log_probs, _ = self.ref.compute_log_prob(data.to(self._device()), batching)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

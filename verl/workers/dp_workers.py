@@ -9,13 +9,22 @@ from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _proce
 from verl.workers.config import ActorConfig, CriticConfig
 
 
+def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
+    """Recompute each decoder layer's activations in the backward pass (a Hugging Face model's own mechanism)."""
+    # non-reentrant checkpointing: correct with inputs that need no gradient and under autocast
+    module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class DPActorRolloutRefWorker(ActorRolloutRefWorker):
     """Actor, rollout and reference over a Hugging Face causal LM."""
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> DataParallelPPOActor:
         from verl.models.loading import load_hf_causal_lm
 
-        module = load_hf_causal_lm(self.config.actor_rollout_ref.model.path, dtype=torch.float32, device=device)
+        model_config = self.config.actor_rollout_ref.model
+        module = load_hf_causal_lm(model_config.path, dtype=torch.float32, device=device)
+        if trainable and model_config.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(module)
         return build_dp_actor(
             actor_config,
             module,
@@ -32,11 +41,14 @@ class DPCriticWorker(CriticWorker):
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.dp_critic import build_dp_critic
 
-        return build_dp_critic(
-            self.config.actor_rollout_ref.model.path,
+        critic = build_dp_critic(
+            critic_config.model.path,
             critic_config,
             total_training_steps=self.total_training_steps,
             rank=self.rank,
             process_group=_process_group(),
             device=device,
         )
+        if critic_config.model.enable_gradient_checkpointing:
+            enable_gradient_checkpointing(critic.critic_module.backbone)
+        return critic

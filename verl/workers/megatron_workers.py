@@ -44,7 +44,7 @@ class MegatronCriticWorker(CriticWorker):
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.megatron_critic import build_megatron_critic
 
-        hf_model = _load_hf(self.config.actor_rollout_ref.model.path)
+        hf_model = _load_hf(critic_config.model.path)
         return build_megatron_critic(
             hf_model.config,
             critic_config,

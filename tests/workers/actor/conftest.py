@@ -44,7 +44,6 @@ def actor_config(**overrides):
         "dtype": "float32",
         "ppo_mini_batch_size": 8,
         "ppo_micro_batch_size_per_gpu": 4,
-        "log_prob_micro_batch_size_per_gpu": 8,
         "optim": {"lr": 1e-2},
     }
     merged = OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(overrides))

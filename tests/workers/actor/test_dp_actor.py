@@ -143,6 +143,21 @@ def test_micro_batches_accumulate_to_the_mini_batch_gradient():
         torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)  # Adam amplifies float noise
 
 
+def test_token_budget_micro_batches_give_the_same_update():
+    # use_dynamic_bsz: the 8 samples hold 7, 8, 7, 8, ... real tokens (rows 0 and 1 have one pad each); a budget of
+    # 16 packs two samples per micro-batch -> 4 micro-batches instead of 1, with the same accumulated gradient.
+    from verl.utils.micro_batching import split_micro_batches
+
+    a = make_actor(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=16)
+    b = make_actor(ppo_micro_batch_size_per_gpu=8)
+    batch = batch_with_old_log_probs(a)
+    assert [len(m) for m in split_micro_batches(batch, a.micro_batching)] == [2, 2, 2, 2]
+    ma, mb = a.update_policy(batch), b.update_policy(batch)
+    assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
+    for pa, pb in zip(a.actor_module.parameters(), b.actor_module.parameters()):
+        torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)
+
+
 def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
     # fp16 so that the loss scaler's state and the handler's counters are part of what must be restored.
     straight = make_actor(dtype="float16")

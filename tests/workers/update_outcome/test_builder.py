@@ -30,7 +30,6 @@ def failure(step):
     [
         ("float16", FP16WarnAndCountHandler),
         (torch.float16, FP16WarnAndCountHandler),
-        ("fp16", StrictHandler),  # not a dtype the config accepts: only "float16" means fp16
         ("bfloat16", StrictHandler),
         ("float32", StrictHandler),
         (torch.bfloat16, StrictHandler),
@@ -39,6 +38,11 @@ def failure(step):
 def test_auto_follows_the_dtype(dtype, expected):
     assert type(build_update_outcome_handler("auto", dtype=dtype)) is expected
     assert type(build_update_outcome_handler(None, dtype=dtype)) is expected
+
+
+def test_a_dtype_spelling_the_config_refuses_is_an_error_not_strict():
+    with pytest.raises(ValueError, match=r"dtype='fp16' is not a dtype name"):
+        build_update_outcome_handler("auto", dtype="fp16")
 
 
 def test_names_and_mappings():

@@ -21,12 +21,34 @@ import torch
 from tqdm import tqdm
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
 from verl.utils.checkpoint import atomic_directory, load_state, save_state
+from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 from verl.workers.config import PPOConfig
 
 logger = logging.getLogger("verl.trainer")
+
+
+def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty_type: str) -> dict[str, float]:
+    """``token_level_rewards = token_level_scores - beta * KL(old || ref)`` per response token, in place.
+
+    The KL estimate per token (``kl_penalty_type``, masked to the response) is taken between the policy that
+    sampled the batch (``old_log_probs``) and the reference (``ref_log_prob``); beta is the controller's current
+    coefficient, which an adaptive controller then moves by the batch's mean KL (the per-sequence token mean,
+    averaged over sequences).
+
+    Returns:
+        ``actor/reward_kl_penalty`` (that mean KL) and ``actor/reward_kl_penalty_coeff`` (the beta used).
+    """
+    tensors = batch.batch
+    mask = tensors["response_mask"]
+    kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], kl_penalty_type) * mask
+    beta = float(kl_ctrl.value)
+    tensors["token_level_rewards"] = tensors["token_level_scores"] - beta * kld
+    current_kl = masked_mean(kld, mask, axis=-1).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
+    return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
 def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -81,15 +103,19 @@ class RayPPOTrainer:
         self.roles = ("actor", "critic") if critic_wg is not None else ("actor",)
         # the checkpoint to resume from, chosen and verified by the caller before the workers started
         self.resume_from = resume_from
+        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
 
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> dict[str, float]:
         """Train for ``total_training_steps`` steps (from the resumed step, if any); returns the last metrics."""
         self.maybe_resume()
-        # Rows of steps that run again (after the checkpoint, or all of them on a fresh start) go, so that every
-        # step appears once in metrics.jsonl.
-        self.tracker.truncate_after(self.global_step if self.last_checkpoint is not None else -1)
+        # Every step appears once in metrics.jsonl: after a resume, the rows of steps that run again go; a fresh
+        # start in a directory with an earlier run's rows moves that file aside (nothing is deleted).
+        if self.last_checkpoint is not None:
+            self.tracker.truncate_after(self.global_step)
+        else:
+            self.tracker.set_aside_earlier_rows()
         trainer_cfg = self.config.trainer
         last: dict[str, float] = {}
         if trainer_cfg.val_before_train and trainer_cfg.test_freq > 0 and self.val_batches and self.global_step == 0:
@@ -197,17 +223,19 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             with self._timed(timing, "values"):
                 batch = batch.union(self.critic_wg.compute_values(batch))
+        metrics: dict[str, float] = {}
         with self._timed(timing, "reward"):
             scores = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
             batch.batch["token_level_rewards"] = scores
+            if self.kl_ctrl is not None:
+                metrics.update(apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty))
         with self._timed(timing, "adv"):
             self.compute_advantage(batch)
-        metrics: dict[str, float] = {}
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
                 metrics.update(mean_over_ranks(self.critic_wg.update_critic(batch)))
-        if self.global_step >= cfg.critic.warmup_steps or self.critic_wg is None:
+        if self.global_step >= cfg.trainer.critic_warmup or self.critic_wg is None:
             with self._timed(timing, "update_actor"):
                 metrics.update(mean_over_ranks(self.actor_wg.update_actor(batch)))
         timing["step"] = time.perf_counter() - step_start
@@ -298,7 +326,12 @@ class RayPPOTrainer:
                 self.critic_wg.save_checkpoint(str(tmp / "critic"))
             save_state(
                 tmp / "trainer_state.pt",
-                {"global_step": self.global_step, "data_loader": self.train_loader.state_dict()},
+                {
+                    "global_step": self.global_step,
+                    "data_loader": self.train_loader.state_dict(),
+                    # the adaptive KL coefficient moves every step: a resumed run must start where it stood
+                    "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
+                },
             )
         self.last_checkpoint = final
         logger.info("saved checkpoint %s", final)
@@ -315,5 +348,7 @@ class RayPPOTrainer:
             self.critic_wg.load_checkpoint(str(path / "critic"))
         self.train_loader.load_state_dict(state["data_loader"])
         self.global_step = int(state["global_step"])
+        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
+            self.kl_ctrl.value = float(state["kl_coef"])
         self.last_checkpoint = path
         logger.info("resumed from %s at step %d", path, self.global_step)

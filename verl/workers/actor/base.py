@@ -14,8 +14,10 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.utils.micro_batching import split_micro_batches
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor.update_loop import UpdateLoop
+from verl.workers.config.roles import MicroBatching
 
 UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
 LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
@@ -43,14 +45,23 @@ class BasePPOActor(UpdateLoop):
         )
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False):
+    def compute_log_prob(
+        self, data: DataProto, micro_batching: MicroBatching | None = None, calculate_entropy: bool = False
+    ):
         """Log-probs (B, R) of the response tokens, and entropy (B, R) when asked (else None); no gradients.
 
-        Micro-batched by ``log_prob_micro_batch_size_per_gpu``; the temperature comes from ``data.meta_info``.
+        Args:
+            data: rows with the sequence tensors (B, P+R) and ``responses`` (B, R); the temperature comes from
+                ``data.meta_info``.
+            micro_batching: how to split the batch (the old-log-prob pass reads ``actor_rollout_ref.rollout``'s
+                settings, the reference pass ``actor_rollout_ref.ref``'s); None runs the batch as one.
+            calculate_entropy: also return the entropy of each position's distribution.
         """
         temperature = data.meta_info.get("temperature", 1.0)
+        if micro_batching is None:
+            micro_batching = MicroBatching(size=max(len(data), 1), use_dynamic_bsz=False, max_token_len=0)
         log_probs, entropies = [], []
-        for micro in data.select(batch_keys=LOG_PROB_KEYS).split(self.config.log_prob_micro_batch_size_per_gpu):
+        for micro in split_micro_batches(data.select(batch_keys=LOG_PROB_KEYS), micro_batching):
             log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
             log_probs.append(log_prob.float())
             if calculate_entropy:

@@ -26,6 +26,7 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.checkpoint import load_state, load_weights, save_state, save_weights
 from verl.utils.metrics import StepMetrics
+from verl.utils.micro_batching import split_micro_batches
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.config import TrainedModelConfig
 from verl.workers.update_outcome import UpdateOutcome, UpdateOutcomeHandler
@@ -84,7 +85,8 @@ class UpdateLoop(ABC):
         self.num_update_steps = 0
         self.mini_batch_size = config.ppo_mini_batch_size
         self.micro_batch_size = config.ppo_micro_batch_size_per_gpu
-        if self.mini_batch_size % self.micro_batch_size:
+        self.micro_batching = config.train_micro_batching()
+        if not config.use_dynamic_bsz and self.mini_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"{type(config).KEY}: the per-rank mini-batch ({self.mini_batch_size} samples) must be a multiple of "
                 f"ppo_micro_batch_size_per_gpu ({self.micro_batch_size})."
@@ -139,7 +141,7 @@ class UpdateLoop(ABC):
         """Forward and backward every micro-batch of ``mini``, accumulating gradients; returns their metrics."""
         self.optimizer.zero_grad()
         all_metrics = []
-        for micro in mini.split(self.micro_batch_size):
+        for micro in split_micro_batches(mini, self.micro_batching):
             loss, metrics = self._micro_batch_loss(micro, temperature)
             self.optimizer.backward(loss * self._micro_batch_weight(micro, mini))
             all_metrics.append(metrics)

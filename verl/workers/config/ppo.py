@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
-from verl.workers.config.roles import ActorConfig, CriticConfig, ModelConfig, RefConfig
+from verl.workers.config.roles import FSDP_STRATEGIES, ActorConfig, CriticConfig, KLType, ModelConfig, RefConfig
 from verl.workers.config.rollout import RolloutConfig
 from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
 
@@ -32,6 +32,10 @@ class DataConfig(BaseConfig):
     max_prompt_length: int
     max_response_length: int
     truncation: Literal["error", "left", "right"]
+    filter_overlong_prompts: bool
+    prompt_key: str
+    reward_fn_key: str
+    return_raw_chat: bool
     shuffle: bool
     seed: int
 
@@ -73,8 +77,33 @@ class RewardModelConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class CustomRewardFunctionConfig(BaseConfig):
+    """``custom_reward_function``: verl's way to name a scoring function, a Python file and a function in it."""
+
+    KEY: ClassVar[str] = "custom_reward_function"
+
+    path: str | None
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class KLControlConfig(BaseConfig):
+    """``algorithm.kl_ctrl``: the coefficient of the KL penalty in the reward, fixed or adaptive."""
+
+    type: Literal["fixed", "adaptive"]
+    kl_coef: float
+    target_kl: float
+    horizon: int
+
+    def check(self) -> None:
+        check_number(self, "kl_coef", 0.0)
+        check_number(self, "target_kl", 0.0, exclusive_min=True)
+        check_int(self, "horizon", 1)
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgorithmConfig(BaseConfig):
-    """``algorithm``: the advantage estimator and its constants."""
+    """``algorithm``: the advantage estimator and its constants, and the KL penalty in the reward."""
 
     KEY: ClassVar[str] = "algorithm"
 
@@ -82,6 +111,9 @@ class AlgorithmConfig(BaseConfig):
     norm_adv_by_std_in_grpo: bool
     gamma: float
     lam: float
+    use_kl_in_reward: bool
+    kl_penalty: KLType
+    kl_ctrl: KLControlConfig
 
     def check(self) -> None:
         from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
@@ -108,6 +140,7 @@ class TrainerConfig(BaseConfig):
     save_freq: int
     test_freq: int
     val_before_train: bool
+    critic_warmup: int
     default_local_dir: str
     resume_mode: Literal["auto", "disable", "resume_path"]
     resume_from_path: str | None
@@ -119,6 +152,7 @@ class TrainerConfig(BaseConfig):
     nnodes: int
     n_gpus_per_node: int
     device: Literal["cpu", "cuda", "auto"]
+    max_restarts: int
 
     def check(self) -> None:
         from verl.utils.tracking import LOGGERS
@@ -127,6 +161,8 @@ class TrainerConfig(BaseConfig):
         check_int(self, "total_training_steps", 1)
         check_int(self, "nnodes", 1)
         check_int(self, "n_gpus_per_node", 1)
+        check_int(self, "max_restarts", 0)
+        check_int(self, "critic_warmup", 0)
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
             raise FieldError("logger", f"has unknown sink(s) {unknown}; use a list of {list(LOGGERS)}.")
@@ -163,6 +199,7 @@ class PPOConfig(BaseConfig):
     actor_rollout_ref: ActorRolloutRefConfig
     critic: CriticConfig
     reward_model: RewardModelConfig
+    custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgorithmConfig
     trainer: TrainerConfig
     ray_init: RayInitConfig
@@ -197,16 +234,42 @@ class PPOConfig(BaseConfig):
                 "be 1 in main_ppo: its workers load the Hugging Face weights, which needs whole models per rank; "
                 "scale out with trainer.n_gpus_per_node (data parallel) instead."
             )
+        megatron_checkpointing = [
+            key
+            for key, strategy, on in (
+                ("actor_rollout_ref.model", actor.strategy, self.actor_rollout_ref.model.enable_gradient_checkpointing),
+                (
+                    "critic.model",
+                    self.critic_strategy,
+                    self.needs_critic and self.critic.model.enable_gradient_checkpointing,
+                ),
+            )
+            if on and strategy == "megatron"
+        ]
+        if megatron_checkpointing:
+            raise ValueError(
+                f"{megatron_checkpointing[0]}.enable_gradient_checkpointing=true: activation checkpointing is not "
+                f"available on the megatron backend yet; use strategy=dp or fsdp2 for it, or set it to false."
+            )
         if self.algorithm.adv_estimator == "gae" and not self.needs_critic:
             raise ValueError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true (or auto).")
-        if actor.use_kl_loss and not self.needs_reference:
+        for key, on in (
+            ("actor_rollout_ref.actor.use_kl_loss", actor.use_kl_loss),
+            ("algorithm.use_kl_in_reward", self.algorithm.use_kl_in_reward),
+        ):
+            if on and not self.needs_reference:
+                raise ValueError(
+                    f"{key}=true needs reference log-probs: set actor_rollout_ref.ref.enable to auto or true."
+                )
+        if self.reward_model.custom_score_fn and self.custom_reward_function.path:
             raise ValueError(
-                "actor_rollout_ref.actor.use_kl_loss=true needs reference log-probs: set actor_rollout_ref.ref.enable "
-                "to auto or true."
+                "reward_model.custom_score_fn and custom_reward_function.path both name a scoring function; set one."
             )
+        self._check_token_budgets()
         self._check_batch_sizes()
         self._check_fire_drill_ranks()
         self._check_training_paths()
+        self._check_fsdp_settings_apply()
 
     def _trained_sections(self) -> list[tuple[Any, str]]:
         sections = [(self.actor_rollout_ref.actor, ActorConfig.KEY)]
@@ -229,10 +292,51 @@ class PPOConfig(BaseConfig):
                     f"data.train_batch_size={train_bs} is not a multiple of {key}.ppo_mini_batch_size={mini}; each "
                     f"training batch must split into whole mini-batches."
                 )
-            if (mini * n) % world or ((mini * n) // world) % micro:
+            if (mini * n) % world or (not section.use_dynamic_bsz and ((mini * n) // world) % micro):
                 raise ValueError(
                     f"{key}.ppo_mini_batch_size x rollout.n = {mini * n} samples over {world} rank(s) must give a "
                     f"multiple of {key}.ppo_micro_batch_size_per_gpu={micro} per rank; change one of them."
+                )
+
+    def _check_token_budgets(self) -> None:
+        """A token budget must hold the longest sample (prompt + response), or one sample would not fit at all."""
+        longest = self.data.max_prompt_length + self.data.max_response_length
+        arr = self.actor_rollout_ref
+        budgets = [
+            (
+                arr.actor.use_dynamic_bsz,
+                arr.actor.ppo_max_token_len_per_gpu,
+                f"{ActorConfig.KEY}.ppo_max_token_len_per_gpu",
+            ),
+            (
+                arr.rollout.log_prob_use_dynamic_bsz,
+                arr.rollout.log_prob_max_token_len_per_gpu,
+                "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+            ),
+            (
+                arr.ref.log_prob_use_dynamic_bsz,
+                arr.ref.log_prob_max_token_len_per_gpu,
+                f"{RefConfig.KEY}.log_prob_max_token_len_per_gpu",
+            ),
+        ]
+        if self.needs_critic:
+            budgets += [
+                (
+                    self.critic.use_dynamic_bsz,
+                    self.critic.ppo_max_token_len_per_gpu,
+                    "critic.ppo_max_token_len_per_gpu",
+                ),
+                (
+                    self.critic.use_dynamic_bsz,
+                    self.critic.forward_max_token_len_per_gpu,
+                    "critic.forward_max_token_len_per_gpu",
+                ),
+            ]
+        for used, budget, key in budgets:
+            if used and budget < longest:
+                raise ValueError(
+                    f"{key}={budget} is below the longest sample, data.max_prompt_length + data.max_response_length "
+                    f"= {longest} tokens; raise it to at least {longest}."
                 )
 
     def _check_fire_drill_ranks(self) -> None:
@@ -254,13 +358,40 @@ class PPOConfig(BaseConfig):
         if self.needs_critic and self.critic_strategy == "megatron":
             self.critic.megatron.training_path("cpu", f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
 
+    def _check_fsdp_settings_apply(self) -> None:
+        """FSDP2 settings changed from their defaults on a model that is not on FSDP2 would do nothing: refuse."""
+        from verl.workers.config.loading import compose_omegaconf
+
+        defaults = None
+        arr = self.actor_rollout_ref
+        sections = [
+            (arr.actor.strategy, arr.actor.fsdp_config, f"{ActorConfig.KEY}.fsdp_config", ActorConfig.KEY),
+            (arr.actor.strategy, arr.ref.fsdp_config, f"{RefConfig.KEY}.fsdp_config", ActorConfig.KEY),
+        ]
+        if self.needs_critic:
+            sections.append((self.critic_strategy, self.critic.model.fsdp_config, "critic.model.fsdp_config", "critic"))
+        for strategy, section, key, owner in sections:
+            if strategy in FSDP_STRATEGIES:
+                continue
+            if defaults is None:
+                defaults = compose_omegaconf()
+            from omegaconf import OmegaConf
+
+            default = OmegaConf.to_container(OmegaConf.select(defaults, key), resolve=True)
+            if section.to_dict() != default:
+                raise ValueError(
+                    f"{key} is set, but {owner} trains with strategy={strategy}, which does not use FSDP2; set "
+                    f"{owner}.strategy=fsdp2 or leave {key} at its defaults."
+                )
+
     # ------------------------------------------------------------------ decisions
 
     @property
     def needs_reference(self) -> bool:
         """Whether the actor workers build a frozen reference model (``ref.enable``; auto: when a KL loss needs it)."""
         enable = self.actor_rollout_ref.ref.enable
-        return bool(self.actor_rollout_ref.actor.use_kl_loss) if enable == "auto" else bool(enable)
+        wanted = self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        return wanted if enable == "auto" else bool(enable)
 
     @property
     def needs_critic(self) -> bool:
@@ -282,8 +413,8 @@ class PPOConfig(BaseConfig):
         detached log-probs are the old log-probs and the ratio is exactly 1, as in an on-policy GRPO step.
         """
         actor = self.actor_rollout_ref.actor
-        if actor.recompute_old_log_prob is True:
-            return True
+        if actor.recompute_old_log_prob is True or self.algorithm.use_kl_in_reward:
+            return True  # the KL penalty in the reward is computed from the old log-probs, before any update
         one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
         return not one_update
 

@@ -17,12 +17,24 @@ from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_
 
 logger = logging.getLogger(__name__)
 
-Strategy = Literal["dp", "megatron"]
+Strategy = Literal["dp", "fsdp", "fsdp2", "megatron"]
 DType = Literal["float16", "bfloat16", "float32"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 STRATEGIES = typing.get_args(Strategy)
+FSDP_STRATEGIES = ("fsdp", "fsdp2")  # one backend, two names: fsdp is what verl's scripts say
 DTYPES = typing.get_args(DType)
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatching:
+    """How a batch splits into micro-batches: ``size`` samples each, or (``use_dynamic_bsz``) as many samples as
+    fit ``max_token_len`` real tokens (see :func:`verl.utils.micro_batching.split_micro_batches`). Not a section
+    of the YAML: each section that has these three settings hands them over as one."""
+
+    size: int
+    use_dynamic_bsz: bool
+    max_token_len: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +45,45 @@ class ModelConfig(BaseConfig):
 
     path: str
     tokenizer_path: str | None
+    enable_gradient_checkpointing: bool
+
+    def check(self) -> None:
+        if not self.path:
+            raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
+
+
+@dataclasses.dataclass(frozen=True)
+class WrapPolicyConfig(BaseConfig):
+    """Which modules get their own FSDP2 unit (``fully_shard``); null: the model's decoder layers."""
+
+    transformer_layer_cls_to_wrap: list[str] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FSDPConfig(BaseConfig):
+    """FSDP2 settings of a trained model (strategy ``fsdp2`` / ``fsdp``)."""
+
+    param_offload: bool
+    optimizer_offload: bool
+    reshard_after_forward: bool
+    wrap_policy: WrapPolicyConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RefFSDPConfig(BaseConfig):
+    """FSDP2 settings of the frozen reference model (no optimizer, so nothing of it to offload)."""
+
+    param_offload: bool
+    reshard_after_forward: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticModelConfig(BaseConfig):
+    """``critic.model``: the model the value model starts from, and how it is held in memory."""
+
+    path: str
+    enable_gradient_checkpointing: bool
+    fsdp_config: FSDPConfig
 
     def check(self) -> None:
         if not self.path:
@@ -119,6 +170,8 @@ class TrainedModelConfig(BaseConfig):
     dtype: DType
     ppo_mini_batch_size: int
     ppo_micro_batch_size_per_gpu: int
+    use_dynamic_bsz: bool
+    ppo_max_token_len_per_gpu: int
     ppo_epochs: int
     shuffle: bool
     loss_agg_mode: LossAggMode
@@ -131,6 +184,7 @@ class TrainedModelConfig(BaseConfig):
     def check(self) -> None:
         check_int(self, "ppo_mini_batch_size", 1)
         check_int(self, "ppo_micro_batch_size_per_gpu", 1)
+        check_int(self, "ppo_max_token_len_per_gpu", 1)
         check_int(self, "ppo_epochs", 1)
         check_int(self, "seed", 0)
         self._check_policy()
@@ -140,6 +194,10 @@ class TrainedModelConfig(BaseConfig):
 
         # Build the handler once here, so a typo or a bad parameter fails at start-up, not in a Ray worker.
         build_update_outcome_handler(self.update_failure_policy, dtype=self.dtype, role=self.ROLE)
+
+    def train_micro_batching(self) -> MicroBatching:
+        """How a mini-batch splits into micro-batches for gradient accumulation."""
+        return MicroBatching(self.ppo_micro_batch_size_per_gpu, self.use_dynamic_bsz, self.ppo_max_token_len_per_gpu)
 
     def per_rank(self, rollout_n: int, world_size: int):
         """A copy whose ``ppo_mini_batch_size`` counts samples on one rank (prompts x ``rollout_n`` / ranks)."""
@@ -160,7 +218,7 @@ class ActorConfig(TrainedModelConfig):
     ROLE: ClassVar[str] = "actor"
 
     strategy: Strategy
-    log_prob_micro_batch_size_per_gpu: int
+    fsdp_config: FSDPConfig
     recompute_old_log_prob: Literal["auto", True]
     policy_loss: str
     clip_ratio: float
@@ -176,7 +234,6 @@ class ActorConfig(TrainedModelConfig):
         super().check()
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
-        check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
         check_one_of(self, "policy_loss", POLICY_LOSS_REGISTRY.names(), "registered policy losses")
         check_number(self, "clip_ratio", 0.0, exclusive_min=True)
         check_number(self, "clip_ratio_low", 0.0, exclusive_min=True)
@@ -193,9 +250,19 @@ class RefConfig(BaseConfig):
 
     enable: bool | Literal["auto"]
     log_prob_micro_batch_size_per_gpu: int
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
+    fsdp_config: RefFSDPConfig
 
     def check(self) -> None:
         check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
+        check_int(self, "log_prob_max_token_len_per_gpu", 1)
+
+    def log_prob_micro_batching(self) -> MicroBatching:
+        """How the reference's forward pass splits a batch."""
+        return MicroBatching(
+            self.log_prob_micro_batch_size_per_gpu, self.log_prob_use_dynamic_bsz, self.log_prob_max_token_len_per_gpu
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,12 +274,19 @@ class CriticConfig(TrainedModelConfig):
 
     enable: bool | Literal["auto"]
     strategy: Strategy | None
+    model: CriticModelConfig
     forward_micro_batch_size_per_gpu: int
+    forward_max_token_len_per_gpu: int
     cliprange_value: float
-    warmup_steps: int
 
     def check(self) -> None:
         super().check()
         check_int(self, "forward_micro_batch_size_per_gpu", 1)
+        check_int(self, "forward_max_token_len_per_gpu", 1)
         check_number(self, "cliprange_value", 0.0, exclusive_min=True)
-        check_int(self, "warmup_steps", 0)
+
+    def forward_micro_batching(self) -> MicroBatching:
+        """How the value pass (no gradients) splits a batch."""
+        return MicroBatching(
+            self.forward_micro_batch_size_per_gpu, self.use_dynamic_bsz, self.forward_max_token_len_per_gpu
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from verl.workers.config.roles import MicroBatching
 from verl.workers.config.schema import BaseConfig, check_int, check_number, check_one_of
 
 
@@ -35,6 +36,9 @@ class RolloutConfig(BaseConfig):
     do_sample: bool
     response_length: int
     seed: int
+    log_prob_micro_batch_size_per_gpu: int
+    log_prob_use_dynamic_bsz: bool
+    log_prob_max_token_len_per_gpu: int
     val_kwargs: ValKwargsConfig
 
     def check(self) -> None:
@@ -46,6 +50,14 @@ class RolloutConfig(BaseConfig):
         check_number(self, "top_p", 0.0, 1.0, exclusive_min=True)
         check_int(self, "response_length", 1)
         check_int(self, "seed", 0)
+        check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
+        check_int(self, "log_prob_max_token_len_per_gpu", 1)
+
+    def log_prob_micro_batching(self) -> MicroBatching:
+        """How the actor's old-log-prob pass splits a batch (verl keeps these keys under ``rollout``)."""
+        return MicroBatching(
+            self.log_prob_micro_batch_size_per_gpu, self.log_prob_use_dynamic_bsz, self.log_prob_max_token_len_per_gpu
+        )
 
     def sampling_options(self, seed_offset: int = 0) -> dict:
         """The options a rollout samples with (``seed`` shifted by ``seed_offset``: ranks sample differently)."""

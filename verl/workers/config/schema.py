@@ -24,15 +24,12 @@ T = TypeVar("T", bound="BaseConfig")
 
 # verl keys for features this project does not have: naming one is an error that says so, never silently ignored.
 UNSUPPORTED_VERL_KEYS: dict[str, str] = {
-    "actor_rollout_ref.actor.fsdp_config": "the FSDP2 backend is not available yet; use strategy=dp or megatron",
-    "actor_rollout_ref.ref.fsdp_config": "the FSDP2 backend is not available yet",
     "actor_rollout_ref.rollout.gpu_memory_utilization": "the vLLM rollout is not available yet; use rollout.name=naive",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the vLLM rollout is not available yet",
     "actor_rollout_ref.model.use_remove_padding": "padding-free forward passes are not available yet",
-    "actor_rollout_ref.model.enable_gradient_checkpointing": "activation checkpointing is not available yet",
-    "actor_rollout_ref.actor.use_dynamic_bsz": "token-budget micro-batches are not available yet",
-    "algorithm.use_kl_in_reward": "a KL penalty in the reward is not available yet; use actor.use_kl_loss",
-    "custom_reward_function": "use reward_model.custom_score_fn='path/to/file.py:function'",
+    "actor_rollout_ref.model.use_fused_kernels": "fused log-prob kernels are not available on these backends",
+    "actor_rollout_ref.actor.use_torch_compile": "torch.compile of the actor is not available yet",
+    "critic.model.use_remove_padding": "padding-free forward passes are not available yet",
 }
 
 

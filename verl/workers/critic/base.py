@@ -17,6 +17,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils.micro_batching import split_micro_batches
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
 
@@ -92,12 +93,13 @@ class BasePPOCritic(UpdateLoop):
                 and optionally ``response_mask`` (B, R).
 
         Returns:
-            (B, R) float32 values; micro-batched by ``critic.forward_micro_batch_size_per_gpu``.
+            (B, R) float32 values; micro-batched by ``critic.forward_micro_batch_size_per_gpu`` (or by
+            ``critic.forward_max_token_len_per_gpu`` tokens with ``critic.use_dynamic_bsz``).
         """
         has_mask = "response_mask" in data.batch.keys()
         keys = _VALUE_KEYS + (["response_mask"] if has_mask else [])
         chunks = []
-        for micro in data.select(batch_keys=keys).split(self.config.forward_micro_batch_size_per_gpu):
+        for micro in split_micro_batches(data.select(batch_keys=keys), self.config.forward_micro_batching()):
             values = self._forward_response_values(micro)
             if has_mask:
                 values = values * micro.batch["response_mask"].to(values.dtype)

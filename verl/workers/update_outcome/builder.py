@@ -25,10 +25,20 @@ from verl.workers.update_outcome.outcome import policy_config_key
 AUTO = "auto"
 
 
+DTYPE_NAMES = ("float16", "bfloat16", "float32")
+
+
 def is_fp16(dtype: str | torch.dtype | None) -> bool:
-    """True when ``dtype`` is float16: ``torch.float16`` or its config spelling ``"float16"`` (the only one)."""
+    """True when ``dtype`` is float16: ``torch.float16`` or its config spelling ``"float16"`` (the only one).
+
+    Raises:
+        ValueError: a string that is not one of the config's dtype names (``"fp16"`` would otherwise quietly mean
+            "not fp16" and pick ``strict``).
+    """
     if isinstance(dtype, torch.dtype):
         return dtype == torch.float16
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        raise ValueError(f"dtype={dtype!r} is not a dtype name the config accepts; use one of {list(DTYPE_NAMES)}.")
     return dtype == "float16"
 
 

@@ -1,0 +1,46 @@
+"""Splitting a batch into micro-batches: by sample count, or by a budget of real tokens (``use_dynamic_bsz``).
+
+With responses of very different lengths, a fixed number of samples per micro-batch either wastes memory on short
+samples or runs out of it on long ones. A token budget packs as many consecutive samples as fit
+``max_token_len`` real (attention-mask) tokens into each micro-batch, so the work per micro-batch follows the real
+tokens. Samples keep their order, so per-sample outputs concatenate back in the batch's order; a sample longer than
+the budget on its own is a micro-batch of one (the config refuses budgets below the longest possible sample).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from verl.protocol import DataProto
+
+if TYPE_CHECKING:
+    from verl.workers.config.roles import MicroBatching
+
+
+def token_budget_bounds(num_tokens: list[int], max_token_len: int) -> list[tuple[int, int]]:
+    """``(start, end)`` row ranges of consecutive samples whose token counts add up to at most ``max_token_len``.
+
+    Example: counts [5, 4, 3, 7, 1] with a budget of 9 -> [(0, 2), (2, 3), (3, 5)]: 5+4, 3 (3+7 is 10), 7+1.
+    """
+    bounds, start, used = [], 0, 0
+    for row, count in enumerate(num_tokens):
+        if row > start and used + count > max_token_len:
+            bounds.append((start, row))
+            start, used = row, 0
+        used += count
+    if num_tokens:
+        bounds.append((start, len(num_tokens)))
+    return bounds
+
+
+def split_micro_batches(data: DataProto, batching: MicroBatching) -> list[DataProto]:
+    """Micro-batches of ``data`` (in order): ``batching.size`` samples each, or by token budget.
+
+    Args:
+        data: rows with ``attention_mask`` (B, S) when ``batching.use_dynamic_bsz``.
+        batching: the size, whether to use a token budget, and the budget.
+    """
+    if not batching.use_dynamic_bsz:
+        return data.split(batching.size)
+    num_tokens = data.batch["attention_mask"].sum(dim=-1).tolist()
+    return [data[start:end] for start, end in token_budget_bounds(num_tokens, batching.max_token_len)]
