@@ -67,7 +67,8 @@ def yaml_leaf_keys(node, prefix=""):
     keys = set()
     for key, value in node.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and not path.endswith("update_failure_policy"):
+        # a policy (name or mapping) and an empty mapping of pass-through arguments are leaves
+        if isinstance(value, dict) and value and not path.endswith("update_failure_policy"):
             keys |= yaml_leaf_keys(value, path + ".")
         else:
             keys.add(path)
@@ -218,7 +219,7 @@ def test_decisions_import_no_worker_and_the_trainer_and_workers_do_not_import_ea
 
     # A fresh interpreter: what importing the config package (and the trainer's algorithms) pulls in.
     code = (
-        "import sys, verl.workers.config, verl.trainer.ppo.core_algos; "
+        "import sys, verl.workers.config, verl.trainer.ppo.core_algos, verl.trainer.ppo.rollout_corr; "
         "bad = [m for m in sys.modules if m.startswith(('verl.workers.actor', 'verl.workers.critic', "
         "'verl.workers.base_worker', 'verl.trainer.main_ppo', 'verl.trainer.ppo.ray_trainer'))]; print(bad)"
     )
@@ -228,4 +229,6 @@ def test_decisions_import_no_worker_and_the_trainer_and_workers_do_not_import_ea
     trainer_imports = [
         line for src in worker_sources for line in src.splitlines() if "import" in line and "verl.trainer" in line
     ]
-    assert all("verl.trainer.ppo.core_algos" in line for line in trainer_imports), trainer_imports
+    # the workers use the trainer's algorithm modules (pure functions over tensors), nothing else of it
+    algorithm_modules = ("verl.trainer.ppo.core_algos", "verl.trainer.ppo.rollout_corr")
+    assert all(any(m in line for m in algorithm_modules) for line in trainer_imports), trainer_imports

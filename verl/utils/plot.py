@@ -1,4 +1,8 @@
-"""The end-of-run picture: reward, loss scale and failed updates over training steps, from metrics.jsonl."""
+"""The end-of-run picture from metrics.jsonl: reward, loss scale, failed updates, and the training-inference mismatch.
+
+The mismatch panel shows the mean and max |p_rollout - p_trainer| of the response tokens per step (log scale): the
+gap between the rollout engine and the trainer that fp16 keeps small and bf16 does not.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from verl.utils.tracking import read_metrics
 
 
 def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> Path:
-    """Write a three-panel PNG of the run in ``metrics_path`` and return its path."""
+    """Write a four-panel PNG of the run in ``metrics_path`` and return its path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,7 +20,7 @@ def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> P
 
     records = [r for r in read_metrics(metrics_path) if "critic/score/mean" in r]
     steps = [r["step"] for r in records]
-    fig, axes = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(7, 10), sharex=True)
     axes[0].plot(steps, [r["critic/score/mean"] for r in records], label="train reward")
     val = [(r["step"], r["val/score/mean"]) for r in read_metrics(metrics_path) if "val/score/mean" in r]
     if val:
@@ -30,10 +34,24 @@ def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> P
     axes[2].bar(steps, [r.get("actor/update_failed", 0.0) for r in records], color="tab:red", label="failed (step)")
     axes[2].plot(steps, [r.get("actor/update_failures_total", 0.0) for r in records], color="black", label="total")
     axes[2].set_ylabel("failed updates")
-    axes[2].set_xlabel("training step")
     axes[2].legend()
+    _plot_mismatch(axes[3], records)
+    axes[3].set_xlabel("training step")
     fig.tight_layout()
     output_path = Path(output_path)
     fig.savefig(output_path, dpi=100)
     plt.close(fig)
     return output_path
+
+
+def _plot_mismatch(axis, records: list[dict]) -> None:
+    """Mean and max |p_rollout - p_trainer| per step; a note instead when the rollout reported no log-probs."""
+    for key, label in (("training/rollout_probs_diff_mean", "mean"), ("training/rollout_probs_diff_max", "max")):
+        points = [(r["step"], r[key]) for r in records if r.get(key, 0) > 0]
+        if points:
+            axis.semilogy(*zip(*points), label=f"{label} |p_rollout - p_trainer|")
+    if axis.lines:
+        axis.legend()
+    else:
+        axis.text(0.5, 0.5, "no mismatch logged (identical or missing)", ha="center", transform=axis.transAxes)
+    axis.set_ylabel("rollout/trainer mismatch")

@@ -201,3 +201,38 @@ def test_more_than_one_update_needs_old_log_probs(overrides):
     batch.pop(batch_keys=["old_log_probs"])
     with pytest.raises(ValueError, match="no old_log_probs, which only a single on-policy update"):
         actor.update_policy(batch)
+
+
+def on_policy_batch(actor, shift=0.0):
+    """The test batch without old log-probs (one on-policy update), with the engine's log-probs = the actor's + shift."""
+    batch = ppo_batch()
+    own, _ = actor.compute_log_prob(batch)
+    del batch.batch["old_log_probs"]
+    batch.batch["rollout_log_probs"] = (own + shift) * batch.batch["response_mask"]
+    return batch, own
+
+
+def test_without_an_old_log_prob_pass_the_mismatch_is_taken_against_the_first_forward():
+    from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
+
+    actor = make_actor()
+    batch, own = on_policy_batch(actor, shift=-0.1)  # the engine is 0.1 nats less sure of every token
+    metrics = actor.update_policy(batch)
+    # the update's first forward is the actor's own log-prob of the batch (fp32: the same numbers)
+    expected = compute_mismatch_metrics(batch.batch["rollout_log_probs"], own, batch.batch["response_mask"])
+    assert metrics["rollout_corr/kl"] == pytest.approx(expected["rollout_corr/kl"], abs=1e-6)
+    assert metrics["rollout_corr/kl"] == pytest.approx(-0.1, abs=1e-5)  # k1 = mean(log mu - log pi) = -0.1
+    assert metrics["training/rollout_probs_diff_mean"] > 0
+
+
+def test_reinforce_loss_at_ratio_one_takes_the_same_step_as_the_clipped_loss():
+    # With mu = pi_theta the weight is 1, and at ratio 1 the clipped surrogate's gradient is -A grad log pi too:
+    # both losses must move the weights identically.
+    plain, weighted = make_actor(), make_actor()
+    batch, _ = on_policy_batch(plain)
+    plain.update_policy(batch)
+    batch.meta_info["rollout_correction"] = {"loss_type": "reinforce", "rollout_is": None, "rollout_is_threshold": 2.0}
+    metrics = weighted.update_policy(batch)
+    assert metrics["actor/is_weight_mean"] == pytest.approx(1.0, abs=1e-6)
+    for pa, pb in zip(plain.actor_module.parameters(), weighted.actor_module.parameters()):
+        torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)

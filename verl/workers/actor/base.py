@@ -15,16 +15,23 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.micro_batching import split_micro_batches
-from verl.utils.torch_functional import compute_response_log_probs
+from verl.utils.torch_functional import compute_response_log_probs, masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
 from verl.workers.config.roles import MicroBatching
 
 UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
+# read when the batch has them: the engine's log-probs (mismatch metrics, bypass/reinforce) and importance weights
+OPTIONAL_UPDATE_KEYS = ["rollout_log_probs", "rollout_is_weights"]
 LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
 
 class BasePPOActor(UpdateLoop):
     """The actor on every backend (role ``"actor"``); see :class:`UpdateLoop` for the arguments."""
+
+    # this step's policy-gradient variant under rollout correction (from the batch's meta_info), and the engine /
+    # trainer log-probs its first forward saw when the step had no separate old-log-prob pass
+    _correction: dict | None = None
+    _first_forward: list | None = None
 
     @abstractmethod
     def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -82,10 +89,19 @@ class BasePPOActor(UpdateLoop):
         policy_loss_fn = get_policy_loss_fn(cfg.policy_loss)
         # Without a separate old-log-prob pass the update is on-policy (checked in _update_batch_keys): the weights
         # that sampled the batch are the ones computing log_prob now, so the old log-probs are log_prob itself.
-        old_log_prob = batch["old_log_probs"] if "old_log_probs" in batch.keys() else log_prob.detach()
-        pg_loss, pg_metrics = policy_loss_fn(
-            old_log_prob, log_prob, batch["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg
-        )
+        on_policy = "old_log_probs" not in batch.keys()
+        old_log_prob = log_prob.detach() if on_policy else batch["old_log_probs"]
+        if on_policy and "rollout_log_probs" in batch.keys() and self._first_forward is not None:
+            self._first_forward.append((batch["rollout_log_probs"], log_prob.detach(), mask))
+        if self._correction is not None and self._correction.get("loss_type") == "reinforce":
+            pg_loss, pg_metrics = importance_weighted_pg_loss(
+                log_prob, batch["rollout_log_probs"], batch["advantages"], mask, cfg.loss_agg_mode, self._correction
+            )
+        else:
+            extra = {"rollout_is_weights": batch["rollout_is_weights"]} if "rollout_is_weights" in batch.keys() else {}
+            pg_loss, pg_metrics = policy_loss_fn(
+                old_log_prob, log_prob, batch["advantages"], mask, loss_agg_mode=cfg.loss_agg_mode, config=cfg, **extra
+            )
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
         metrics.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
@@ -115,7 +131,7 @@ class BasePPOActor(UpdateLoop):
                 )
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
-        return keys
+        return keys + [key for key in OPTIONAL_UPDATE_KEYS if key in data.batch.keys()]
 
     def update_policy(self, data: DataProto) -> dict[str, float]:
         """Train the policy on ``data`` (rows of this rank); returns the step's ``actor/...`` metrics.
@@ -126,5 +142,41 @@ class BasePPOActor(UpdateLoop):
 
         Raises:
             UpdateFailedError: when the actor's update-failure policy stops the run.
+
+        ``data.meta_info["rollout_correction"]`` (set by the trainer) may ask for the importance-weighted policy
+        gradient instead of the policy loss. Without ``old_log_probs`` but with ``rollout_log_probs``, the mismatch
+        metrics are taken against the update's own first forward (the old policy of a single on-policy update).
         """
-        return self.update(data)
+        from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
+
+        self._correction = data.meta_info.get("rollout_correction")
+        self._first_forward = [] if "old_log_probs" not in data.batch.keys() else None
+        try:
+            metrics = self.update(data)
+            if self._first_forward:
+                engine, trainer, mask = (torch.cat(parts) for parts in zip(*self._first_forward))
+                metrics.update(compute_mismatch_metrics(engine, trainer, mask))
+        finally:
+            self._correction, self._first_forward = None, None
+        return metrics
+
+
+def importance_weighted_pg_loss(log_prob, rollout_log_prob, advantages, mask, loss_agg_mode: str, correction: dict):
+    """The policy gradient weighted by pi_theta / mu (no clipping), ``rollout_correction.loss_type=reinforce``.
+
+    loss = agg(-A * w * log pi_theta), with w = stop_gradient(pi_theta / mu) per token or per sequence (product),
+    truncated at ``rollout_is_threshold`` when ``rollout_is`` is set (untruncated per token otherwise), so that the
+    gradient is w * A * grad log pi_theta: the on-policy gradient, corrected for sampling from mu.
+
+    Returns:
+        (loss, metrics) with ``is_weight_mean`` over the valid tokens.
+    """
+    log_ratio = (log_prob.detach() - rollout_log_prob).clamp(-20.0, 20.0)
+    level = correction.get("rollout_is") or "token"
+    if level == "sequence":
+        log_ratio = (log_ratio * mask).sum(-1, keepdim=True).clamp(-20.0, 20.0).expand_as(log_prob)
+    weights = log_ratio.exp()
+    if correction.get("rollout_is"):
+        weights = weights.clamp(max=correction["rollout_is_threshold"])
+    loss = agg_loss(-advantages * weights * log_prob, mask, loss_agg_mode)
+    return loss, {"is_weight_mean": masked_mean(weights, mask).item()}

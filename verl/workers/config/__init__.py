@@ -10,10 +10,13 @@ from verl.workers.config.optim import LossScaleConfig, OptimConfig
 from verl.workers.config.ppo import (
     ActorRolloutRefConfig,
     AlgorithmConfig,
+    CustomRewardFunctionConfig,
     DataConfig,
+    KLControlConfig,
     PPOConfig,
     RayInitConfig,
     RewardModelConfig,
+    RolloutCorrectionConfig,
     TrainerConfig,
 )
 from verl.workers.config.roles import (
@@ -21,13 +24,18 @@ from verl.workers.config.roles import (
     STRATEGIES,
     ActorConfig,
     CriticConfig,
+    CriticModelConfig,
     FaultInjectionConfig,
+    FSDPConfig,
     MegatronConfig,
+    MicroBatching,
     ModelConfig,
     RefConfig,
+    RefFSDPConfig,
     TrainedModelConfig,
+    WrapPolicyConfig,
 )
-from verl.workers.config.rollout import RolloutConfig, ValKwargsConfig
+from verl.workers.config.rollout import EngineKwargsConfig, RolloutConfig, ValKwargsConfig
 from verl.workers.config.schema import BaseConfig, FieldError, build_config
 
 __all__ = [
@@ -38,7 +46,16 @@ __all__ = [
     "AlgorithmConfig",
     "BaseConfig",
     "CriticConfig",
+    "CriticModelConfig",
+    "CustomRewardFunctionConfig",
     "DataConfig",
+    "EngineKwargsConfig",
+    "FSDPConfig",
+    "KLControlConfig",
+    "MicroBatching",
+    "RefFSDPConfig",
+    "RolloutCorrectionConfig",
+    "WrapPolicyConfig",
     "FaultInjectionConfig",
     "FieldError",
     "LossScaleConfig",

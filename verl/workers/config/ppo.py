@@ -102,6 +102,34 @@ class KLControlConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class RolloutCorrectionConfig(BaseConfig):
+    """``algorithm.rollout_correction``: importance weights and rejection for the rollout/trainer mismatch."""
+
+    rollout_is: Literal["token", "sequence"] | None
+    rollout_is_threshold: float
+    rollout_is_batch_normalize: bool
+    rollout_rs: Literal["token", "sequence"] | None
+    rollout_rs_threshold: float | None
+    bypass_mode: bool
+    loss_type: Literal["ppo_clip", "reinforce"]
+
+    def check(self) -> None:
+        check_number(self, "rollout_is_threshold", 1.0, exclusive_min=True)
+        check_number(self, "rollout_rs_threshold", 1.0, exclusive_min=True)
+        if self.loss_type == "reinforce" and not self.bypass_mode:
+            raise FieldError(
+                "loss_type",
+                "=reinforce weights the policy gradient by pi/pi_rollout itself, which needs bypass_mode=true (the "
+                "rollout's log-probs as the old ones); set algorithm.rollout_correction.bypass_mode=true.",
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything changes the loss (metrics are logged either way)."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgorithmConfig(BaseConfig):
     """``algorithm``: the advantage estimator and its constants, and the KL penalty in the reward."""
 
@@ -113,6 +141,7 @@ class AlgorithmConfig(BaseConfig):
     lam: float
     use_kl_in_reward: bool
     kl_penalty: KLType
+    rollout_correction: RolloutCorrectionConfig
     kl_ctrl: KLControlConfig
 
     def check(self) -> None:
@@ -412,9 +441,13 @@ class PPOConfig(BaseConfig):
         equal to ``data.train_batch_size``): that update runs on the weights that sampled the batch, so its own
         detached log-probs are the old log-probs and the ratio is exactly 1, as in an on-policy GRPO step.
         """
-        actor = self.actor_rollout_ref.actor
+        actor, correction = self.actor_rollout_ref.actor, self.algorithm.rollout_correction
+        if correction.bypass_mode:
+            return False  # the rollout's own log-probs are the old ones
         if actor.recompute_old_log_prob is True or self.algorithm.use_kl_in_reward:
             return True  # the KL penalty in the reward is computed from the old log-probs, before any update
+        if correction.rollout_is is not None or correction.rollout_rs is not None:
+            return True  # the importance weights pi_old / mu need pi_old before the update
         one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
         return not one_update
 

@@ -23,6 +23,13 @@ class ValKwargsConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class EngineKwargsConfig(BaseConfig):
+    """Extra keyword arguments of an engine, passed as given (``engine_kwargs.vllm`` for ``vllm.LLM``)."""
+
+    vllm: dict
+
+
+@dataclasses.dataclass(frozen=True)
 class RolloutConfig(BaseConfig):
     """The rollout engine and its sampling options (see ``ppo_trainer.yaml`` for each key)."""
 
@@ -39,6 +46,14 @@ class RolloutConfig(BaseConfig):
     log_prob_micro_batch_size_per_gpu: int
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
+    gpu_memory_utilization: float
+    enforce_eager: bool
+    enable_chunked_prefill: bool
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    free_cache_engine: bool
+    tensor_model_parallel_size: int
+    engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
 
     def check(self) -> None:
@@ -52,6 +67,10 @@ class RolloutConfig(BaseConfig):
         check_int(self, "seed", 0)
         check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
         check_int(self, "log_prob_max_token_len_per_gpu", 1)
+        check_number(self, "gpu_memory_utilization", 0.0, 1.0, exclusive_min=True)
+        check_int(self, "max_num_batched_tokens", 1)
+        check_int(self, "max_num_seqs", 1)
+        check_int(self, "tensor_model_parallel_size", 1)
 
     def log_prob_micro_batching(self) -> MicroBatching:
         """How the actor's old-log-prob pass splits a batch (verl keeps these keys under ``rollout``)."""

@@ -24,13 +24,30 @@ T = TypeVar("T", bound="BaseConfig")
 
 # verl keys for features this project does not have: naming one is an error that says so, never silently ignored.
 UNSUPPORTED_VERL_KEYS: dict[str, str] = {
-    "actor_rollout_ref.rollout.gpu_memory_utilization": "the vLLM rollout is not available yet; use rollout.name=naive",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": "the vLLM rollout is not available yet",
     "actor_rollout_ref.model.use_remove_padding": "padding-free forward passes are not available yet",
     "actor_rollout_ref.model.use_fused_kernels": "fused log-prob kernels are not available on these backends",
     "actor_rollout_ref.actor.use_torch_compile": "torch.compile of the actor is not available yet",
     "critic.model.use_remove_padding": "padding-free forward passes are not available yet",
 }
+
+
+# Keys this project once had (or verl spells differently) and where they live now.
+RENAMED_KEYS: dict[str, str] = {
+    "critic.warmup_steps": "trainer.critic_warmup",
+    "actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu": (
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+    ),
+}
+
+
+def known_key_message(key: str) -> str | None:
+    """What to tell a user who set ``key``: a renamed key's new name, or a verl feature we lack; None otherwise."""
+    if key in RENAMED_KEYS:
+        return f"{key} is now {RENAMED_KEYS[key]}; set that instead."
+    for verl_key, why in UNSUPPORTED_VERL_KEYS.items():
+        if key == verl_key or key.startswith(verl_key + "."):
+            return f"{key} is a verl key for a feature this project does not have: {why}."
+    return None
 
 
 class FieldError(ValueError):
@@ -231,10 +248,9 @@ def full_key(prefix: str, name: str) -> str:
 
 
 def _unknown_key_message(key: str, known: list[str]) -> str:
-    for verl_key, why in UNSUPPORTED_VERL_KEYS.items():
-        if key == verl_key or key.startswith(verl_key + "."):
-            return f"{key} is a verl key for a feature this project does not have: {why}."
-    return f"{key} is not a known config key; the keys here are {known}. Check the spelling (see docs/config)."
+    return known_key_message(key) or (
+        f"{key} is not a known config key; the keys here are {known}. Check the spelling (see docs/config)."
+    )
 
 
 def build_config(cls: type[T], values: Mapping[str, Any], prefix: str | None = None) -> T:

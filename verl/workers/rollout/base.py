@@ -202,14 +202,17 @@ class BaseRollout(ABC):
         repeated = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         input_ids = repeated.batch["input_ids"].long()
         attention_mask = repeated.batch["attention_mask"].long()
-        responses = self._generate_tokens(input_ids, attention_mask, params)
-        return build_rollout_output(repeated, responses, params.response_length, self.pad_token_id, self.eos_ids)
+        generated = self._generate_tokens(input_ids, attention_mask, params)
+        responses, log_probs = generated if isinstance(generated, tuple) else (generated, None)
+        return build_rollout_output(
+            repeated, responses, params.response_length, self.pad_token_id, self.eos_ids, raw_log_probs=log_probs
+        )
 
     @abstractmethod
     def _generate_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
-    ) -> torch.Tensor:
-        """Generate the raw response tokens for already repeated prompts.
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Generate the raw response tokens for already repeated prompts (and the engine's log-probs of them).
 
         Args:
             input_ids: (B*n, P) int64 prompt ids, left-padded.
@@ -218,7 +221,10 @@ class BaseRollout(ABC):
 
         Returns:
             (B*n, L) response tokens with L <= ``params.response_length`` (less only when every row has ended);
-            whatever follows a row's first eos is masked out by the post-processing, so it may be anything.
+            whatever follows a row's first eos is masked out by the post-processing, so it may be anything. A
+            rollout that knows its engine's log-probs of those tokens returns ``(tokens, log_probs)``, log_probs
+            (B*n, L) float (see :func:`~verl.workers.rollout.sampling.sampled_token_log_probs`); they become the
+            output's ``rollout_log_probs``.
         """
 
     def state_dict(self) -> dict[str, Any]:

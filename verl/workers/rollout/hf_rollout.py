@@ -20,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
+from verl.workers.rollout.sampling import sampled_token_log_probs
 
 __all__ = ["HFRollout"]
 
@@ -115,14 +116,18 @@ class HFRollout(BaseRollout):
         self.module.eval()
         try:
             return self.module.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                return_dict_in_generate=True,
+                output_logits=True,  # the raw logits of each step: the engine's log-probs of its own tokens
             )
         finally:
             self.module.train(was_training)
 
     def _generate_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``generate``, under a forked random state seeded from the seed source when seeded and sampling.
 
         Args:
@@ -131,7 +136,8 @@ class HFRollout(BaseRollout):
             params: the sampling options of this call.
 
         Returns:
-            (B*n, L) generated tokens (the prompt part cut off), L <= R.
+            (B*n, L) generated tokens (the prompt part cut off), L <= R, and their (B*n, L) log-probs under the
+            model's raw logits at the sampling temperature.
         """
         if self._seed_source is None or params.greedy:
             output = self._generate(input_ids, attention_mask, params)
@@ -141,4 +147,8 @@ class HFRollout(BaseRollout):
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(call_seed)
                 output = self._generate(input_ids, attention_mask, params)
-        return output[:, input_ids.shape[1] :]
+        tokens = output.sequences[:, input_ids.shape[1] :]
+        log_probs = [
+            sampled_token_log_probs(step_logits, tokens[:, t], params) for t, step_logits in enumerate(output.logits)
+        ]
+        return tokens, torch.stack(log_probs, dim=-1)

@@ -5,7 +5,9 @@ It needs nothing from the model but the shared model contract, a callable
 Face model and a megatron-core ``GPTModel`` without converting weights. There is no KV cache: every step re-runs
 the whole sequence under ``torch.no_grad``, which is fine for the tiny models of development and CI and keeps the
 sampler independent of how a backend caches. Rows that emitted eos keep being fed padding (mask 0) until every row
-has ended or the response length is reached; the shared post-processing then builds the rollout layout.
+has ended or the response length is reached; the shared post-processing then builds the rollout layout. Over a
+sharded model (FSDP2), whose every forward pass is a collective, the ranks agree on that stop
+(:meth:`NaiveRollout.synchronize_stop`) so that all of them take the same number of steps.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
 from verl.workers.rollout.postprocess import compute_position_ids, is_eos
-from verl.workers.rollout.sampling import sample_next_token
+from verl.workers.rollout.sampling import sample_next_token, sampled_token_log_probs
 
 __all__ = ["NaiveRollout"]
 
@@ -55,6 +58,24 @@ class NaiveRollout(BaseRollout):
         super().__init__(config, pad_token_id, eos_token_id)
         self.logits_fn = logits_fn
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._stop_group: Any = None
+
+    def synchronize_stop(self, process_group: Any) -> None:
+        """Stop before the response length only once every rank of ``process_group`` has ended all its rows.
+
+        A sharded model gathers its parameters from every rank in each forward pass, so a rank that stopped
+        early would leave the others waiting in a collective. With this set each step ends with a MIN
+        all-reduce of the "all my rows ended" flag (one tiny collective per generated token).
+        """
+        self._stop_group = process_group
+
+    def _all_finished(self, finished: torch.Tensor) -> bool:
+        done = finished.all()
+        if self._stop_group is None:
+            return bool(done)
+        flag = done.to(torch.int32).reshape(1)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._stop_group)
+        return bool(flag.item())
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if self.params.seed is None:
@@ -110,7 +131,7 @@ class NaiveRollout(BaseRollout):
 
     def _generate_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample token by token, re-running ``logits_fn`` on the whole sequence each step.
 
         Args:
@@ -119,18 +140,22 @@ class NaiveRollout(BaseRollout):
             params: the sampling options of this call.
 
         Returns:
-            (B*n, L) sampled tokens, L <= R; L < R only when every row has emitted eos.
+            (B*n, L) sampled tokens, L <= R (L < R only when every row has emitted eos), and their (B*n, L) log-probs
+            under the logits they were sampled from.
         """
         num_prompt_tokens = input_ids.shape[1]
         generator = self._generator(input_ids.device)
         finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        log_probs = []
         for _ in range(params.response_length):
-            next_tokens = sample_next_token(self._last_logits(input_ids, attention_mask), params, generator)
+            logits = self._last_logits(input_ids, attention_mask)
+            next_tokens = sample_next_token(logits, params, generator)
             next_tokens = next_tokens.masked_fill(finished, self.pad_token_id)
+            log_probs.append(sampled_token_log_probs(logits, next_tokens, params))
             input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
             # rows that have ended are fed padding with mask 0, so they no longer affect the positions
             attention_mask = torch.cat([attention_mask, (~finished).long()[:, None]], dim=-1)
             finished |= is_eos(next_tokens, self.eos_ids)
-            if bool(finished.all()):
+            if self._all_finished(finished):
                 break
-        return input_ids[:, num_prompt_tokens:]
+        return input_ids[:, num_prompt_tokens:], torch.stack(log_probs, dim=-1)

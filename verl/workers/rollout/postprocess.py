@@ -103,6 +103,7 @@ def build_rollout_output(
     response_length: int,
     pad_token_id: int,
     eos_token_id: int | Sequence[int],
+    raw_log_probs: torch.Tensor | None = None,
 ) -> DataProto:
     """Assemble the shared rollout layout from repeated prompts and raw generated tokens.
 
@@ -113,10 +114,12 @@ def build_rollout_output(
         response_length: R; responses are cut or right-padded with ``pad_token_id`` to exactly R.
         pad_token_id: the padding id.
         eos_token_id: one eos id or a list of them.
+        raw_log_probs: (B, L) the engine's log-probs of the generated tokens, or None.
 
     Returns:
         DataProto with ``prompts`` (B, P), ``responses`` (B, R), ``input_ids``, ``attention_mask``,
-        ``position_ids`` (B, P+R), ``response_mask`` (B, R), all int64.
+        ``position_ids`` (B, P+R), ``response_mask`` (B, R), all int64; and ``rollout_log_probs`` (B, R) float32,
+        0 where the response mask is 0, when ``raw_log_probs`` is given.
     """
     prompt_ids = prompts.batch["input_ids"]
     prompt_mask = prompts.batch["attention_mask"].long()
@@ -142,4 +145,9 @@ def build_rollout_output(
         "position_ids": compute_position_ids(attention_mask),
         "response_mask": response_mask,
     }
+    if raw_log_probs is not None:
+        log_probs = raw_log_probs[:, :response_length].float().to(prompt_ids.device)
+        if log_probs.shape[1] < response_length:
+            log_probs = torch.cat([log_probs, log_probs.new_zeros(num_rows, response_length - log_probs.shape[1])], -1)
+        tensors["rollout_log_probs"] = log_probs * response_mask
     return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))

@@ -56,6 +56,26 @@ def apply_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(remove, float("-inf"))
 
 
+def sampled_token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The engine's own log-probability of each chosen token, as the trainer computes it.
+
+    ``log_softmax(logits / temperature)`` at the token, in float32, from the logits the engine sampled from (in
+    the engine's precision): no top-k/top-p renormalisation, because the trainer's log-probs have none either, so
+    the two differ only by how each computed its logits. Greedy calls (temperature 0) use temperature 1.
+
+    Args:
+        logits: (B, V) last-position logits, any float dtype.
+        tokens: (B,) chosen token ids.
+        params: the call's sampling options.
+
+    Returns:
+        (B,) float32 log-probabilities.
+    """
+    temperature = params.temperature if params.temperature > 0 else 1.0
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return log_probs.gather(-1, tokens[:, None].long()).squeeze(-1)
+
+
 def sample_next_token(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> torch.Tensor:
