@@ -4,6 +4,8 @@ Ray pickles classes by reference, so everything an actor runs or raises must be 
 processes; the tests put the repository root on their ``PYTHONPATH``.
 """
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -61,6 +63,22 @@ class EchoWorker(Worker):
         tensor = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(tensor)
         return float(tensor.item())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def all_reduce_on(self, ranks: list[int]) -> float | None:
+        """Only ``ranks`` enter an all-reduce (the others return None): they wait for ranks that never come."""
+        if self.rank not in ranks:
+            return None
+        tensor = torch.tensor([1.0])
+        dist.all_reduce(tensor)
+        return float(tensor.item())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def all_reduce_after_sleep(self, sleeper: int, seconds: float) -> float:
+        """Every rank all-reduces; rank ``sleeper`` first sleeps, so the others sit in the collective meanwhile."""
+        if self.rank == sleeper:
+            time.sleep(seconds)
+        return self.all_reduce_rank_plus_one()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def backend(self) -> str:

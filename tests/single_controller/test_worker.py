@@ -1,17 +1,25 @@
 """Tests for verl.single_controller.worker: reading the rank from the environment and a one-rank process group."""
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
 
-from verl.single_controller.worker import Worker, find_free_port
+from verl.single_controller.worker import (
+    COLLECTIVE_TIMEOUT_ENV,
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    Worker,
+    collective_timeout_s,
+    find_free_port,
+)
 
 
 def test_defaults_without_environment(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     worker = Worker()
-    assert (worker.rank, worker.world_size, worker.local_rank) == (0, 1, 0)
+    assert (worker.rank, worker.world_size, worker.local_rank, worker.local_world_size) == (0, 1, 0, 1)
     assert worker.master_addr == "127.0.0.1" and worker.master_port is None
 
 
@@ -19,10 +27,12 @@ def test_reads_environment(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
     worker = Worker()
-    assert (worker.rank, worker.world_size, worker.local_rank) == (2, 4, 0)
+    # rank 2 of 4 with 2 ranks per node: the first rank of the second node
+    assert (worker.rank, worker.world_size, worker.local_rank, worker.local_world_size) == (2, 4, 0, 2)
     assert (worker.master_addr, worker.master_port) == ("10.0.0.1", 29500)
 
 
@@ -31,6 +41,39 @@ def test_rejects_malformed_environment(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         Worker()
+
+
+def test_rejects_local_rank_outside_node(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="not below LOCAL_WORLD_SIZE"):
+        Worker()
+
+
+def test_set_rendezvous_replaces_the_address_and_exports_it(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    worker = Worker()
+    # recorded by monkeypatch, so the values set_rendezvous exports are undone after the test
+    monkeypatch.setenv("MASTER_ADDR", "unused")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    worker.set_rendezvous("10.1.2.3", 29511)
+    assert (worker.master_addr, worker.master_port) == ("10.1.2.3", 29511)
+    # libraries that read the environment see rank 0's address too
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("10.1.2.3", "29511")
+
+
+def test_collective_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(COLLECTIVE_TIMEOUT_ENV, raising=False)
+    assert collective_timeout_s() == DEFAULT_COLLECTIVE_TIMEOUT_S
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT_ENV, "45.5")
+    assert collective_timeout_s() == 45.5
+    for bad in ("0", "-3", "soon"):
+        monkeypatch.setenv(COLLECTIVE_TIMEOUT_ENV, bad)
+        with pytest.raises(ValueError, match=COLLECTIVE_TIMEOUT_ENV):
+            collective_timeout_s()
 
 
 def test_rejects_rank_outside_world(monkeypatch):

@@ -56,6 +56,8 @@ def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
     records = train_records(out_dir)
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all("timing_s/old_log_prob" in r for r in records)  # the separate pass, asked for
+    # the engine's log-probs against the old-log-prob pass's: same weights, same autocast, so a tiny gap
+    assert all(0 <= r["training/rollout_probs_diff_mean"] < 1e-2 for r in records)
     # fp16 from loss scale 2**32: the first update overflows and is skipped, and the policy counts it
     assert records[0]["actor/update_failed"] == 1.0
     assert records[0]["actor/loss_scale"] == 2.0**32
@@ -115,6 +117,26 @@ def test_resume_is_exact_and_leaves_no_debris_or_duplicate_rows(tmp_path):
     want = load_file(straight_dir / "global_step_6" / "actor" / "model.safetensors")
     got = load_file(resumed_dir / "global_step_6" / "actor" / "model.safetensors")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_rollout_correction_weights_and_rejects_and_reports_the_mismatch(tmp_path):
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        "actor_rollout_ref.rollout.name=hf",  # generation from the fp32 weights, the trainer under fp16 autocast
+        "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_rs=sequence",
+        "algorithm.rollout_correction.rollout_rs_threshold=1.5",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = train_records(out_dir)
+    for record in records:
+        assert "timing_s/old_log_prob" in record  # the weights pi_old / mu need the old-log-prob pass
+        assert 0 < record["training/rollout_probs_diff_mean"] < 0.05 and record["rollout_corr/k3_kl"] >= 0
+        # fp16 against fp32 stays within a few percent: weights near 1, none truncated at 2, none rejected at 1.5
+        assert abs(record["rollout_corr/is_weight_mean"] - 1) < 0.05 and record["rollout_corr/is_clip_frac"] == 0
+        assert record["rollout_corr/rs_reject_frac"] == 0
 
 
 def test_a_custom_counter_reduces_as_its_handler_declares(tmp_path):

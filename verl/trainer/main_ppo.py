@@ -3,11 +3,20 @@
 Composes the YAML config (``verl/trainer/config/ppo_trainer.yaml``; ``--config-name ppo_megatron_trainer`` for the
 megatron defaults) with Hydra's override syntax, validates it into a typed
 :class:`~verl.workers.config.PPOConfig` and checks what it points at (model, checkpoint) before Ray starts, then
-starts Ray (a local instance, or ``ray_init.address``), the worker groups and the trainer, and runs it.
+starts Ray (a local instance, or joins the cluster at ``ray_init.address``, e.g. ``auto``), places
+``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks (that many on each node), starts the worker groups and the
+trainer, and runs it.
+
+A dead worker (its process killed, or its node lost) is noticed within a bounded time, also while the other ranks
+wait in a collective (``torch.distributed`` timeouts, ``COLLECTIVE_TIMEOUT_S``). With ``trainer.max_restarts=N``
+the trainer then tears the groups down, builds them again, resumes from the last checkpoint and goes on, at most N
+times (each restart logged and counted in the ``trainer/restarts`` metric); past that, the run stops.
 
 Exit codes: 0 done; 1 training stopped by the update-failure policy (the message says why and names the last good
-checkpoint); 2 bad config (composition, a value, a key, a path); 3 a checkpoint to resume from is damaged or not
-ours (the message names the file and what to do).
+checkpoint); 2 bad config (composition, a value, a key, a path, or more nodes/GPUs than the Ray cluster has); 3 a
+checkpoint to resume from is damaged or not ours (the message names the file and what to do); 4 a worker died and
+no restart was left (the message names the role, rank and node, and the last good checkpoint, which is intact:
+run again to resume from it).
 """
 
 from __future__ import annotations
@@ -29,6 +38,12 @@ logger = logging.getLogger("verl.trainer")
 CONFIG_DIR = Path(__file__).parent / "config"
 
 EXIT_OK, EXIT_POLICY_STOP, EXIT_BAD_CONFIG, EXIT_BAD_CHECKPOINT = 0, 1, 2, 3
+EXIT_WORKER_DIED = 4
+# A collective waits this long for the other ranks; a rank whose peer died without a trace (a lost node) fails
+# after it rather than waiting forever. Long enough for the slowest step's gradient all-reduce.
+COLLECTIVE_TIMEOUT_S = 600.0
+# How long to wait for the Ray cluster to place the workers once it has the capacity (others may hold it).
+PLACEMENT_TIMEOUT_S = 120.0
 
 
 def setup_logging() -> None:
@@ -53,15 +68,18 @@ def check_model_path(config: PPOConfig) -> None:
     """The model (and tokenizer) directory must load as a Hugging Face config, checked before Ray starts."""
     from verl.models.loading import load_hf_config
 
-    model = config.actor_rollout_ref.model
-    try:
-        load_hf_config(model.path)
-    except Exception as err:  # whatever transformers raises for a bad path, the user needs the key and the value
-        raise ValueError(
-            f"actor_rollout_ref.model.path={model.path!r} does not load as a Hugging Face model ("
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}). Point it at a model directory "
-            f"with config.json, or use 'default' for the embedded tiny model."
-        ) from None
+    paths = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)]
+    if config.needs_critic:
+        paths.append(("critic.model.path", config.critic.model.path))
+    for key, path in paths:
+        try:
+            load_hf_config(path)
+        except Exception as err:  # whatever transformers raises for a bad path, the user needs the key and the value
+            first_line = str(err).splitlines()[0] if str(err) else ""
+            raise ValueError(
+                f"{key}={path!r} does not load as a Hugging Face model ({type(err).__name__}: {first_line}). Point "
+                f"it at a model directory with config.json, or use 'default' for the embedded tiny model."
+            ) from None
 
 
 def check_resume_path(config: PPOConfig) -> None:
@@ -108,20 +126,49 @@ def choose_checkpoint(config: PPOConfig) -> Path | None:
 
 
 def start_ray(config: PPOConfig) -> None:
+    """A local Ray instance, or the cluster at ``ray_init.address`` (``auto``: the one this machine belongs to).
+
+    Raises:
+        ValueError: ``ray_init.num_cpus`` given with an address, or no cluster to join at that address.
+    """
     import ray
 
     if ray.is_initialized():
         return
+    address, num_cpus = config.ray_init.address, config.ray_init.num_cpus
+    if address is not None and num_cpus is not None:
+        raise ValueError(
+            f"ray_init.num_cpus={num_cpus} sizes a local Ray instance, but ray_init.address={address!r} joins a "
+            "cluster whose nodes were sized by `ray start --num-cpus`; set ray_init.num_cpus=null."
+        )
     repo_root = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
     threads = max(1, (os.cpu_count() or 1) // config.world_size)
-    ray.init(
-        address=config.ray_init.address,
-        num_cpus=config.ray_init.num_cpus,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads)}},
-    )
+    try:
+        ray.init(
+            # null means a local instance of our own, even when this machine runs a cluster (`ray start`)
+            address="local" if address is None else address,
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads)}},
+        )
+    except ConnectionError as err:
+        raise ValueError(
+            f"ray_init.address={address!r}: no Ray cluster to join ({str(err).splitlines()[0]}). Start one with "
+            "`ray start --head` (docs/start/multinode.md), give its address, or set ray_init.address=null for a "
+            "local instance."
+        ) from None
+    if address is not None:
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        total = ray.cluster_resources()
+        logger.info(
+            "joined the Ray cluster at %s: %d alive node(s), %g CPU, %g GPU",
+            address,
+            len(nodes),
+            total.get("CPU", 0),
+            total.get("GPU", 0),
+        )
 
 
 def worker_classes(strategy: str):
@@ -130,45 +177,137 @@ def worker_classes(strategy: str):
         from verl.workers.megatron_workers import MegatronActorRolloutRefWorker, MegatronCriticWorker
 
         return MegatronActorRolloutRefWorker, MegatronCriticWorker
+    from verl.workers.config.roles import FSDP_STRATEGIES
+
+    if strategy in FSDP_STRATEGIES:
+        from verl.workers.fsdp_workers import FSDPActorRolloutRefWorker, FSDPCriticWorker
+
+        return FSDPActorRolloutRefWorker, FSDPCriticWorker
     from verl.workers.dp_workers import DPActorRolloutRefWorker, DPCriticWorker
 
     return DPActorRolloutRefWorker, DPCriticWorker
 
 
 def build_worker_groups(config: PPOConfig, num_steps: int):
-    """The actor (+rollout, +ref) worker group and, when a value model is needed, the critic group."""
-    from verl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+    """The actor (+rollout, +ref) worker group and, when a value model is needed, the critic group.
 
-    use_gpu = config.trainer.device == "cuda" or (config.trainer.device == "auto" and _cuda_visible())
-    num_workers = config.world_size
-    groups = 2 if config.needs_critic else 1
-    cpus = max(0.1, min(1.0, (os.cpu_count() or 1) / (num_workers * groups)))
-    pool_kwargs = {"num_cpus_per_worker": cpus, "num_gpus_per_worker": (1 / groups) if use_gpu else 0}
-    actor_cls, _ = worker_classes(config.actor_rollout_ref.actor.strategy)
-    actor_wg = RayWorkerGroup(
-        RayResourcePool(num_workers, **pool_kwargs),
-        RayClassWithInitArgs(actor_cls, config, num_steps),
-        name_prefix="actor_rollout_ref",
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the two groups share
+    one resource pool, so rank ``r`` of both runs in the same bundle (same node, same GPU). On failure, whatever
+    was started is torn down before the error propagates.
+
+    Raises:
+        PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
+        WorkerDiedError: a worker died while the groups started.
+    """
+    from verl.single_controller import (
+        PlacementError,
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
     )
-    for line in actor_wg.init_model():
-        logger.info("%s", line)
-    critic_wg = None
-    if groups == 2:
-        _, critic_cls = worker_classes(config.critic_strategy)
-        critic_wg = RayWorkerGroup(
-            RayResourcePool(num_workers, **pool_kwargs),
-            RayClassWithInitArgs(critic_cls, config, num_steps),
-            name_prefix="critic",
+
+    trainer = config.trainer
+    use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
+    groups = 2 if config.needs_critic else 1
+    cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups)
+    pool = RayResourcePool(
+        config.world_size,
+        num_cpus_per_worker=cpus,
+        num_gpus_per_worker=(1 / groups) if use_gpu else 0,
+        nnodes=trainer.nnodes,
+        max_colocate=groups,
+        placement_timeout_s=PLACEMENT_TIMEOUT_S,
+    )
+    started = []
+    try:
+        actor_cls, _ = worker_classes(config.actor_rollout_ref.actor.strategy)
+        actor_wg = RayWorkerGroup(
+            pool,
+            RayClassWithInitArgs(actor_cls, config, num_steps),
+            name_prefix="actor_rollout_ref",
+            collective_timeout_s=COLLECTIVE_TIMEOUT_S,
         )
-        for line in critic_wg.init_model():
+        started.append(actor_wg)
+        for line in actor_wg.init_model():
             logger.info("%s", line)
+        critic_wg = None
+        if groups == 2:
+            _, critic_cls = worker_classes(config.critic_strategy)
+            critic_wg = RayWorkerGroup(
+                pool,
+                RayClassWithInitArgs(critic_cls, config, num_steps),
+                name_prefix="critic",
+                collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+            )
+            started.append(critic_wg)
+            for line in critic_wg.init_model():
+                logger.info("%s", line)
+    except PlacementError as err:
+        shutdown_groups(*started)
+        raise PlacementError(
+            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
+            f"({'GPU' if use_gpu else 'CPU'} ranks) does not fit the Ray cluster: {err} Add nodes "
+            "(`ray start --address=<head>` on each, see docs/start/multinode.md) or lower trainer.nnodes / "
+            "trainer.n_gpus_per_node."
+        ) from None
+    except BaseException:
+        shutdown_groups(*started)
+        raise
     return actor_wg, critic_wg
 
 
-def _cuda_visible() -> bool:
-    import torch
+def cpus_per_worker(nnodes: int, workers_per_node: int) -> float:
+    """Up to one CPU per worker, less where the nodes are small: the ``nnodes``-th largest node's CPUs are shared
+    by the workers of one node (0.1 at least, so that a cluster of tiny nodes gets a placement error, not a hang)."""
+    import ray
 
-    return torch.cuda.is_available()
+    sizes = sorted((node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node.get("Alive")), reverse=True)
+    node_cpus = sizes[min(nnodes, len(sizes)) - 1] if sizes else 1.0
+    return max(0.1, min(1.0, node_cpus / workers_per_node))
+
+
+def shutdown_groups(*groups) -> None:
+    """Kill the workers of every group given (None entries are skipped) and free their placement."""
+    for group in groups:
+        if group is not None:
+            group.shutdown()
+
+
+def _cluster_has_gpus() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def checkpoint_after_death(config: PPOConfig, last_good: Path | None) -> Path | None:
+    """The checkpoint a restart resumes from, verified: with ``trainer.resume_mode=auto`` chosen again as at
+    start-up (the newest complete one), otherwise the last one this run saved or resumed from (None: start over).
+
+    Raises:
+        CheckpointError: the checkpoint is damaged.
+    """
+    from verl.utils.checkpoint import verify_checkpoint
+
+    if config.trainer.resume_mode == "auto":
+        return choose_checkpoint(config)
+    if last_good is not None:
+        verify_checkpoint(last_good, checkpoint_roles(config))
+    return last_good
+
+
+def describe_death(err, last_good: Path | None, restarts: int, max_restarts: int) -> str:
+    """The stop message for a worker death: role, rank, node, Ray's reason, the last good checkpoint, what next."""
+    where = (
+        f"{last_good} (intact; run again with trainer.resume_mode=auto to resume from it)"
+        if last_good is not None
+        else "none (set trainer.save_freq to keep checkpoints)"
+    )
+    return (
+        f"A worker died: role {err.role}, rank {err.rank}, node {err.node_id} ({err.node_ip}). "
+        f"{err.reason.rstrip('.')}. "
+        f"Last good checkpoint: {where}. Restarts used: {restarts} of trainer.max_restarts={max_restarts}"
+        + ("; set trainer.max_restarts=N to rebuild the workers and resume automatically." if not max_restarts else ".")
+    )
 
 
 def prepare(config: DictConfig | PPOConfig):
@@ -184,7 +323,12 @@ def prepare(config: DictConfig | PPOConfig):
     check_model_path(typed)
     check_resume_path(typed)
     data = build_data(typed, typed.world_size)
-    return typed, data, total_steps(typed, data.num_train_prompts), choose_checkpoint(typed)
+    num_steps = total_steps(typed, data.num_train_prompts)
+    from verl.utils.checkpoint import remove_save_debris
+
+    # before choosing: a save killed mid-swap leaves its newest checkpoint under a temporary name, put back here
+    remove_save_debris(typed.trainer.default_local_dir)
+    return typed, data, num_steps, choose_checkpoint(typed)
 
 
 def run(config: DictConfig | PPOConfig) -> int:
@@ -201,11 +345,9 @@ def run(config: DictConfig | PPOConfig) -> int:
         logger.error("Cannot resume: %s", err)
         return EXIT_BAD_CHECKPOINT
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from verl.utils.checkpoint import remove_save_debris
     from verl.utils.tracking import Tracking
 
     log_dir = Path(typed.trainer.default_local_dir)
-    remove_save_debris(log_dir)  # temporary directories of saves that a kill interrupted
     tracker = Tracking(
         typed.trainer.logger,
         log_dir,
@@ -213,24 +355,69 @@ def run(config: DictConfig | PPOConfig) -> int:
         typed.trainer.experiment_name,
         config=typed.to_dict(),
     )
+    from verl.single_controller import PlacementError, WorkerDiedError
+    from verl.utils.checkpoint import remove_save_debris
+
     trainer = None
+    max_restarts, restarts = typed.trainer.max_restarts, 0
+    last_good = resume_from  # the newest checkpoint known intact: a restart, or the next run, resumes from it
+    fresh_loader_state = data.train_loader.state_dict()  # a restart with no checkpoint starts the data over
     try:
-        start_ray(typed)
-        actor_wg, critic_wg = build_worker_groups(typed, num_steps)
-        trainer = RayPPOTrainer(
-            typed,
-            data.train_loader,
-            data.val_batches,
-            data.reward_fn,
-            actor_wg,
-            critic_wg,
-            tracker,
-            num_steps,
-            resume_from=resume_from,
-        )
-        trainer.fit()
-        logger.info("training finished after %d steps: %s", trainer.global_step, trainer.final_summary())
-        return EXIT_OK
+        try:
+            start_ray(typed)
+        except ValueError as err:
+            logger.error("Bad config: %s", err)
+            return EXIT_BAD_CONFIG
+        while True:
+            trainer, groups = None, ()
+            try:
+                groups = build_worker_groups(typed, num_steps)
+                trainer = RayPPOTrainer(
+                    typed,
+                    data.train_loader,
+                    data.val_batches,
+                    data.reward_fn,
+                    *groups,
+                    tracker,
+                    num_steps,
+                    resume_from=resume_from,
+                    restarts=restarts,
+                )
+                trainer.fit()
+                logger.info("training finished after %d steps: %s", trainer.global_step, trainer.final_summary())
+                return EXIT_OK
+            except WorkerDiedError as err:
+                last_good = (trainer.last_checkpoint if trainer is not None else None) or last_good
+                shutdown_groups(*groups)  # the living ranks may sit in a collective with the dead one
+                if restarts >= max_restarts:
+                    logger.error("%s", describe_death(err, last_good, restarts, max_restarts))
+                    return EXIT_WORKER_DIED
+                restarts += 1
+                remove_save_debris(log_dir)  # before choosing again: a save the death interrupted
+                try:
+                    resume_from = checkpoint_after_death(typed, last_good)
+                except CheckpointError as bad:
+                    logger.error("Cannot resume after a worker died (%s): %s", err, bad)
+                    return EXIT_BAD_CHECKPOINT
+                if resume_from is None:
+                    data.train_loader.load_state_dict(fresh_loader_state)
+                logger.warning(
+                    "%s Restart %d of trainer.max_restarts=%d: rebuilding the worker groups and resuming from %s.",
+                    err,
+                    restarts,
+                    max_restarts,
+                    resume_from or "the start (no checkpoint yet)",
+                )
+            except PlacementError as err:
+                if restarts == 0:  # the request does not fit the cluster: the config's to change, or the cluster
+                    logger.error("Cannot place the workers: %s", err)
+                    return EXIT_BAD_CONFIG
+                logger.error(
+                    "The workers could not be rebuilt after a worker died: %s Last good checkpoint: %s.",
+                    err,
+                    last_good or "none",
+                )
+                return EXIT_WORKER_DIED
     except UpdateFailedError as err:
         where = trainer.last_checkpoint if trainer is not None else None
         logger.error(
@@ -277,10 +464,22 @@ def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name
         with initialize_config_dir(config_dir=str(Path(args.config_path).resolve()), version_base=None):
             config = compose(config_name=args.config_name, overrides=args.overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise ValueError(str(err).strip()) from None
+        raise ValueError(_explain_override_error(args.overrides) or str(err).strip()) from None
     plain = OmegaConf.to_container(config, resolve=False)
     plain.pop("hydra", None)
     return OmegaConf.create(plain)
+
+
+def _explain_override_error(overrides: Sequence[str]) -> str | None:
+    """Our message for an override Hydra refused because the key is renamed or names a verl feature we lack."""
+    from verl.workers.config.schema import known_key_message
+
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        message = known_key_message(key)
+        if message is not None:
+            return message
+    return None
 
 
 def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str = "ppo_trainer") -> None:

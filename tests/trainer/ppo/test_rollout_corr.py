@@ -72,7 +72,8 @@ def test_sequence_weight_is_the_truncated_product_on_every_token():
 def test_rejection_masks_tokens_or_sequences_outside_the_band():
     _, mask, m = compute_rollout_correction(OLD, ROLLOUT, ONE, correction(rollout_rs="token"))
     assert mask.tolist() == [[0, 1]] and m["rollout_corr/rs_reject_frac"] == 0.5  # 5 > 2; 1 is in [0.5, 2]
-    _, mask, _ = compute_rollout_correction(OLD, ROLLOUT, ONE, correction(rollout_rs="sequence", rollout_rs_threshold=6))
+    wide_band = correction(rollout_rs="sequence", rollout_rs_threshold=6)
+    _, mask, _ = compute_rollout_correction(OLD, ROLLOUT, ONE, wide_band)
     assert mask.tolist() == [[1, 1]]  # the product 5 lies in [1/6, 6]
 
 

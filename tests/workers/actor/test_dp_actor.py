@@ -204,7 +204,7 @@ def test_more_than_one_update_needs_old_log_probs(overrides):
 
 
 def on_policy_batch(actor, shift=0.0):
-    """The test batch without old log-probs (one on-policy update), with the engine's log-probs = the actor's + shift."""
+    """The test batch without old log-probs (one on-policy update); the engine's log-probs: the actor's + shift."""
     batch = ppo_batch()
     own, _ = actor.compute_log_prob(batch)
     del batch.batch["old_log_probs"]

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
+from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics, compute_rollout_correction
 from verl.utils.checkpoint import atomic_directory, load_state, save_state
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -73,6 +74,8 @@ class RayPPOTrainer:
         tracker: the metric sinks.
         total_training_steps: how many steps :meth:`fit` runs.
         resume_from: the checkpoint to resume from, chosen and verified before the workers started (None: fresh).
+        restarts: how many times the run rebuilt its workers after one died before this trainer; logged with every
+            step as ``trainer/restarts``.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class RayPPOTrainer:
         tracker: Tracking,
         total_training_steps: int,
         resume_from: Path | None = None,
+        restarts: int = 0,
     ):
         self.config = config
         self.train_loader = train_loader
@@ -103,6 +107,7 @@ class RayPPOTrainer:
         self.roles = ("actor", "critic") if critic_wg is not None else ("actor",)
         # the checkpoint to resume from, chosen and verified by the caller before the workers started
         self.resume_from = resume_from
+        self.restarts = restarts
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
 
     # ------------------------------------------------------------------ the loop
@@ -131,6 +136,7 @@ class RayPPOTrainer:
         while self.global_step < self.total_training_steps:
             batch = next(self.train_loader)
             metrics = self.train_step(batch)
+            metrics["trainer/restarts"] = float(self.restarts)
             self.global_step += 1
             is_last = self.global_step == self.total_training_steps
             if (
@@ -223,7 +229,7 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             with self._timed(timing, "values"):
                 batch = batch.union(self.critic_wg.compute_values(batch))
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = self.mismatch(batch)
         with self._timed(timing, "reward"):
             scores = self.reward_fn(batch)
             batch.batch["token_level_scores"] = scores
@@ -232,6 +238,7 @@ class RayPPOTrainer:
                 metrics.update(apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty))
         with self._timed(timing, "adv"):
             self.compute_advantage(batch)
+        metrics.update(self.correct_for_mismatch(batch))
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
                 metrics.update(mean_over_ranks(self.critic_wg.update_critic(batch)))
@@ -241,6 +248,48 @@ class RayPPOTrainer:
         timing["step"] = time.perf_counter() - step_start
         metrics.update(self.batch_metrics(batch, timing))
         metrics["data/batch_fingerprint"] = float(zlib.crc32("\n".join(map(str, prompt_texts)).encode()))
+        return metrics
+
+    def mismatch(self, batch: DataProto) -> dict[str, float]:
+        """The engine-vs-trainer mismatch metrics, or (``bypass_mode``) the rollout's log-probs as the old ones.
+
+        Without a separate old-log-prob pass the actor reports the metrics itself, against its update's first
+        forward (see :meth:`~verl.workers.actor.base.BasePPOActor.update_policy`).
+        """
+        tensors = batch.batch
+        if "rollout_log_probs" not in tensors.keys():
+            return {}
+        if self.config.algorithm.rollout_correction.bypass_mode:
+            tensors["old_log_probs"] = tensors["rollout_log_probs"]
+            return {}
+        if "old_log_probs" not in tensors.keys():
+            return {}
+        return compute_mismatch_metrics(
+            tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"]
+        )
+
+    def correct_for_mismatch(self, batch: DataProto) -> dict[str, float]:
+        """``algorithm.rollout_correction``: importance weights on the policy loss, rejection out of the mask."""
+        correction = self.config.algorithm.rollout_correction
+        tensors = batch.batch
+        if correction.loss_type == "reinforce":
+            batch.meta_info["rollout_correction"] = {
+                "loss_type": "reinforce",
+                "rollout_is": correction.rollout_is,
+                "rollout_is_threshold": correction.rollout_is_threshold,
+            }
+        if correction.bypass_mode or (correction.rollout_is is None and correction.rollout_rs is None):
+            return {}
+        if "rollout_log_probs" not in tensors.keys():
+            raise ValueError(
+                "algorithm.rollout_correction needs the rollout's own log-probs, and this rollout returned none."
+            )
+        weights, mask, metrics = compute_rollout_correction(
+            tensors["old_log_probs"], tensors["rollout_log_probs"], tensors["response_mask"], correction
+        )
+        if weights is not None:
+            tensors["rollout_is_weights"] = weights
+        tensors["response_mask"] = mask  # rejected tokens leave the loss and its normalisation
         return metrics
 
     def compute_advantage(self, batch: DataProto) -> None:
