@@ -165,7 +165,7 @@ def test_policy_mapping_from_the_command_line():
             ["critic.update_failure_policy={name: fp16_warn_and_count, max_consecutive_failures: 0}"],
             "critic.update_failure_policy",
         ),
-        (["actor_rollout_ref.rollout.name=vllm"], r"rollout.name='vllm' is not supported"),
+        (["actor_rollout_ref.rollout.name=sglang"], r"rollout.name='sglang' is not supported"),
         (["trainer.logger=[console,mlflow]"], "trainer.logger has unknown sink"),
         (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0"], "ref.log_prob_micro_batch_size_per_gpu"),
         (

@@ -8,7 +8,7 @@ starts Ray (a local instance, or joins the cluster at ``ray_init.address``, e.g.
 trainer, and runs it.
 
 A dead worker (its process killed, or its node lost) is noticed within a bounded time, also while the other ranks
-wait in a collective (``torch.distributed`` timeouts, ``COLLECTIVE_TIMEOUT_S``). With ``trainer.max_restarts=N``
+wait in a collective (``torch.distributed`` timeouts, ``trainer.collective_timeout_s``). With ``trainer.max_restarts=N``
 the trainer then tears the groups down, builds them again, resumes from the last checkpoint and goes on, at most N
 times (each restart logged and counted in the ``trainer/restarts`` metric); past that, the run stops.
 
@@ -39,11 +39,6 @@ CONFIG_DIR = Path(__file__).parent / "config"
 
 EXIT_OK, EXIT_POLICY_STOP, EXIT_BAD_CONFIG, EXIT_BAD_CHECKPOINT = 0, 1, 2, 3
 EXIT_WORKER_DIED = 4
-# A collective waits this long for the other ranks; a rank whose peer died without a trace (a lost node) fails
-# after it rather than waiting forever. Long enough for the slowest step's gradient all-reduce.
-COLLECTIVE_TIMEOUT_S = 600.0
-# How long to wait for the Ray cluster to place the workers once it has the capacity (others may hold it).
-PLACEMENT_TIMEOUT_S = 120.0
 
 
 def setup_logging() -> None:
@@ -216,7 +211,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
         num_gpus_per_worker=(1 / groups) if use_gpu else 0,
         nnodes=trainer.nnodes,
         max_colocate=groups,
-        placement_timeout_s=PLACEMENT_TIMEOUT_S,
+        placement_timeout_s=config.trainer.placement_timeout_s,
     )
     started = []
     try:
@@ -225,7 +220,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
             pool,
             RayClassWithInitArgs(actor_cls, config, num_steps),
             name_prefix="actor_rollout_ref",
-            collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+            collective_timeout_s=config.trainer.collective_timeout_s,
         )
         started.append(actor_wg)
         for line in actor_wg.init_model():
@@ -237,7 +232,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
                 pool,
                 RayClassWithInitArgs(critic_cls, config, num_steps),
                 name_prefix="critic",
-                collective_timeout_s=COLLECTIVE_TIMEOUT_S,
+                collective_timeout_s=config.trainer.collective_timeout_s,
             )
             started.append(critic_wg)
             for line in critic_wg.init_model():

@@ -182,6 +182,8 @@ class TrainerConfig(BaseConfig):
     n_gpus_per_node: int
     device: Literal["cpu", "cuda", "auto"]
     max_restarts: int
+    collective_timeout_s: float
+    placement_timeout_s: float
 
     def check(self) -> None:
         from verl.utils.tracking import LOGGERS
@@ -191,6 +193,8 @@ class TrainerConfig(BaseConfig):
         check_int(self, "nnodes", 1)
         check_int(self, "n_gpus_per_node", 1)
         check_int(self, "max_restarts", 0)
+        check_number(self, "collective_timeout_s", 0.0, exclusive_min=True)
+        check_number(self, "placement_timeout_s", 0.0, exclusive_min=True)
         check_int(self, "critic_warmup", 0)
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
