@@ -65,6 +65,7 @@ def verl_command_line(data_dir: Path, out_dir: Path, reward_file: Path) -> list[
         "actor_rollout_ref.model.path=default",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.use_kl_loss=True",

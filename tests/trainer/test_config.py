@@ -132,7 +132,7 @@ def test_unknown_key_is_an_error():
     [
         ("+trainer.totl_training_steps=5", r"trainer\.totl_training_steps is not a known config key"),
         ("+foo.bar=1", r"foo is not a known config key"),
-        ("+actor_rollout_ref.model.use_remove_padding=true", r"use_remove_padding is a verl key for a feature"),
+        ("+actor_rollout_ref.model.use_fused_kernels=true", r"use_fused_kernels is a verl key for a feature"),
     ],
 )
 def test_added_unknown_keys_are_errors_not_ignored(override, match):
@@ -193,6 +193,10 @@ def test_policy_mapping_from_the_command_line():
             "must be 1 in main_ppo",
         ),
         (["actor_rollout_ref.actor.recompute_old_log_prob=false"], r"recompute_old_log_prob=False is not supported"),
+        (
+            ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.use_remove_padding=true"],
+            "use_remove_padding=true is not available on the megatron backend",
+        ),
     ],
 )
 def test_bad_config_fails_with_the_key_and_the_fix(overrides, match):

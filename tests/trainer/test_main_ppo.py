@@ -140,7 +140,7 @@ def test_resume_mode_disable_ignores_even_a_damaged_checkpoint(tmp_path):
         ("critic.warmup_steps=3", r"critic\.warmup_steps is now trainer\.critic_warmup"),
         (f"{A}.log_prob_micro_batch_size_per_gpu=8", r"is now actor_rollout_ref\.rollout\.log_prob_micro_batch_size"),
         # verl's scripts set it without '+': Hydra refuses the key, and the message says why in our words
-        ("actor_rollout_ref.model.use_remove_padding=True", r"use_remove_padding is a verl key for a feature"),
+        ("actor_rollout_ref.model.use_fused_kernels=True", r"use_fused_kernels is a verl key for a feature"),
     ],
 )
 def test_command_line_names_renamed_and_unsupported_verl_keys(override, match):

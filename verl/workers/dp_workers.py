@@ -32,6 +32,7 @@ class DPActorRolloutRefWorker(ActorRolloutRefWorker):
             trainable=trainable,
             rank=self.rank,
             process_group=_process_group(),
+            use_remove_padding=model_config.use_remove_padding,
         )
 
 
@@ -51,4 +52,5 @@ class DPCriticWorker(CriticWorker):
         )
         if critic_config.model.enable_gradient_checkpointing:
             enable_gradient_checkpointing(critic.critic_module.backbone)
+        critic.critic_module.use_remove_padding = critic_config.model.use_remove_padding
         return critic

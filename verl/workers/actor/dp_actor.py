@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from verl.utils.amp_optimizer import build_amp_optimizer
+from verl.utils.padding_free import forward_packed
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
@@ -31,17 +32,28 @@ class DataParallelPPOActor(BasePPOActor):
             (B, S, V) or an object with ``.logits`` (Hugging Face models).
         optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over the module's parameters (None: frozen).
         lr_scheduler: its LR schedule.
+        use_remove_padding: run forward passes on the packed real tokens (``model.use_remove_padding``; see
+            :mod:`verl.utils.padding_free`).
         **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see :func:`build_loop_parts`).
     """
 
     def __init__(
-        self, config: ActorConfig, actor_module: torch.nn.Module, optimizer=None, lr_scheduler=None, **loop_parts
+        self,
+        config: ActorConfig,
+        actor_module: torch.nn.Module,
+        optimizer=None,
+        lr_scheduler=None,
+        use_remove_padding: bool = False,
+        **loop_parts,
     ):
         self.actor_module = actor_module
+        self.use_remove_padding = use_remove_padding
         super().__init__(config, optimizer, lr_scheduler, **loop_parts)
 
     def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         kwargs = {"use_cache": False} if isinstance(self.actor_module, PreTrainedModel) else {}
+        if self.use_remove_padding:
+            return forward_packed(self.actor_module, input_ids, attention_mask, position_ids, **kwargs)
         output = self.actor_module(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
         )
@@ -59,6 +71,7 @@ def build_dp_actor(
     trainable: bool = True,
     rank: int = 0,
     process_group: Any = None,
+    use_remove_padding: bool = False,
 ) -> DataParallelPPOActor:
     """A ready ``dp`` actor over ``module`` (fp32 master weights): AdamW, LR schedule, handler, fire drill.
 
@@ -66,7 +79,7 @@ def build_dp_actor(
     """
     if not trainable:
         module.eval().requires_grad_(False)
-        return DataParallelPPOActor(config, module, rank=rank)
+        return DataParallelPPOActor(config, module, rank=rank, use_remove_padding=use_remove_padding)
     dtype = TORCH_DTYPES[config.dtype]
     optimizer, scheduler = build_amp_optimizer(
         module.parameters(),
@@ -76,4 +89,11 @@ def build_dp_actor(
         process_group=process_group,
     )
     logger.info("dp actor: float32 master weights, %s compute", dtype)
-    return DataParallelPPOActor(config, module, optimizer, scheduler, **build_loop_parts(config, rank=rank))
+    return DataParallelPPOActor(
+        config,
+        module,
+        optimizer,
+        scheduler,
+        use_remove_padding=use_remove_padding,
+        **build_loop_parts(config, rank=rank),
+    )

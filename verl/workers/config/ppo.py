@@ -267,23 +267,7 @@ class PPOConfig(BaseConfig):
                 "be 1 in main_ppo: its workers load the Hugging Face weights, which needs whole models per rank; "
                 "scale out with trainer.n_gpus_per_node (data parallel) instead."
             )
-        megatron_checkpointing = [
-            key
-            for key, strategy, on in (
-                ("actor_rollout_ref.model", actor.strategy, self.actor_rollout_ref.model.enable_gradient_checkpointing),
-                (
-                    "critic.model",
-                    self.critic_strategy,
-                    self.needs_critic and self.critic.model.enable_gradient_checkpointing,
-                ),
-            )
-            if on and strategy == "megatron"
-        ]
-        if megatron_checkpointing:
-            raise ValueError(
-                f"{megatron_checkpointing[0]}.enable_gradient_checkpointing=true: activation checkpointing is not "
-                f"available on the megatron backend yet; use strategy=dp or fsdp2 for it, or set it to false."
-            )
+        self._check_hf_only_features()
         if self.algorithm.adv_estimator == "gae" and not self.needs_critic:
             raise ValueError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true (or auto).")
         for key, on in (
@@ -303,6 +287,19 @@ class PPOConfig(BaseConfig):
         self._check_fire_drill_ranks()
         self._check_training_paths()
         self._check_fsdp_settings_apply()
+
+    def _check_hf_only_features(self) -> None:
+        """Activation checkpointing and padding-free passes run on Hugging Face models (dp, fsdp2) only."""
+        models = [("actor_rollout_ref.model", self.actor_rollout_ref.actor.strategy, self.actor_rollout_ref.model)]
+        if self.needs_critic:
+            models.append(("critic.model", self.critic_strategy, self.critic.model))
+        for key, strategy, model in models:
+            for feature in ("enable_gradient_checkpointing", "use_remove_padding"):
+                if strategy == "megatron" and getattr(model, feature):
+                    raise ValueError(
+                        f"{key}.{feature}=true is not available on the megatron backend yet; use strategy=dp or "
+                        f"fsdp2 for it, or set it to false."
+                    )
 
     def _trained_sections(self) -> list[tuple[Any, str]]:
         sections = [(self.actor_rollout_ref.actor, ActorConfig.KEY)]

@@ -46,6 +46,7 @@ class ModelConfig(BaseConfig):
     path: str
     tokenizer_path: str | None
     enable_gradient_checkpointing: bool
+    use_remove_padding: bool
 
     def check(self) -> None:
         if not self.path:
@@ -83,6 +84,7 @@ class CriticModelConfig(BaseConfig):
 
     path: str
     enable_gradient_checkpointing: bool
+    use_remove_padding: bool
     fsdp_config: FSDPConfig
 
     def check(self) -> None:

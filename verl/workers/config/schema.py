@@ -24,10 +24,8 @@ T = TypeVar("T", bound="BaseConfig")
 
 # verl keys for features this project does not have: naming one is an error that says so, never silently ignored.
 UNSUPPORTED_VERL_KEYS: dict[str, str] = {
-    "actor_rollout_ref.model.use_remove_padding": "padding-free forward passes are not available yet",
     "actor_rollout_ref.model.use_fused_kernels": "fused log-prob kernels are not available on these backends",
     "actor_rollout_ref.actor.use_torch_compile": "torch.compile of the actor is not available yet",
-    "critic.model.use_remove_padding": "padding-free forward passes are not available yet",
 }
 
 

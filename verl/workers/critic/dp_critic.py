@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from verl.utils.amp_optimizer import build_amp_optimizer
+from verl.utils.padding_free import forward_packed
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
 from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
@@ -38,6 +39,8 @@ class ValueModel(torch.nn.Module):
     ):
         super().__init__()
         self.backbone = backbone
+        # padding-free forward passes (critic.model.use_remove_padding; see verl.utils.padding_free)
+        self.use_remove_padding = False
         self.value_head = torch.nn.Linear(hidden_size, 1)
         init_value_head_(self.value_head, seed=seed, std=head_init_std)
 
@@ -84,6 +87,9 @@ class ValueModel(torch.nn.Module):
             (B, S) values (in the autocast dtype when autocast is on).
         """
         kwargs = {"use_cache": False} if isinstance(self.backbone, PreTrainedModel) else {}
+        if self.use_remove_padding:
+            hidden = forward_packed(self.backbone, input_ids, attention_mask, position_ids, **kwargs)
+            return self.value_head(hidden).squeeze(-1)
         output = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         hidden = getattr(output, "last_hidden_state", output)
         return self.value_head(hidden).squeeze(-1)
