@@ -213,10 +213,13 @@ def test_ppo_with_a_critic(tmp_path, strategy):
         "trainer.test_freq=-1",
         "algorithm.adv_estimator=gae",
         f"actor_rollout_ref.actor.strategy={strategy}",
+        "trainer.critic_warmup=2",
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = train_records(out_dir)
     assert len(records) == 2
+    # verl's rule: with critic_warmup=2 the actor starts at step 2; step 1 trains only the critic
+    assert "actor/pg_loss" not in records[0] and "actor/pg_loss" in records[1]
     for record in records:
         assert "critic/vf_loss" in record and "critic/update_failed" in record
     assert records[0]["critic/loss_scale"] == 2.0**32  # the critic trains in fp16 too, with its own scaler

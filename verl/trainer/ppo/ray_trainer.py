@@ -242,7 +242,8 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
                 metrics.update(mean_over_ranks(self.critic_wg.update_critic(batch)))
-        if self.global_step >= cfg.trainer.critic_warmup or self.critic_wg is None:
+        # verl's rule, with its 1-based step: the actor starts updating at step critic_warmup (0 and 1: at once)
+        if self.global_step + 1 >= cfg.trainer.critic_warmup or self.critic_wg is None:
             with self._timed(timing, "update_actor"):
                 metrics.update(mean_over_ranks(self.actor_wg.update_actor(batch)))
         timing["step"] = time.perf_counter() - step_start

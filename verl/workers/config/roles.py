@@ -20,7 +20,10 @@ logger = logging.getLogger(__name__)
 Strategy = Literal["dp", "fsdp", "fsdp2", "megatron"]
 DType = Literal["float16", "bfloat16", "float32"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+# a "+" suffix: the named estimator's value with the k2 gradient (straight-through), as in verl
+KLType = Literal[
+    "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
+]
 STRATEGIES = typing.get_args(Strategy)
 FSDP_STRATEGIES = ("fsdp", "fsdp2")  # one backend, two names: fsdp is what verl's scripts say
 DTYPES = typing.get_args(DType)
