@@ -1,0 +1,220 @@
+"""The fsdp2 actor and critic on a world of one rank (gloo): same updates as dp, the fp16 step contract, the
+wrap policy, the frozen reference, activation checkpointing, padding-free passes, offload on CPU, and a refused
+checkpoint metadata.
+
+The two-rank behaviour (shards, agreed overflow, strict stop, resume) is in tests/special_distributed."""
+
+import logging
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+from tests.workers.critic.conftest import critic_config, value_batch
+from verl.utils.checkpoint import CheckpointError
+from verl.utils.fsdp_checkpoint import SHARDED_DIR
+from verl.utils.fsdp_utils import device_mesh
+from verl.workers.actor.dp_actor import build_dp_actor
+from verl.workers.actor.fsdp_actor import build_fsdp_actor
+from verl.workers.critic.dp_critic import ValueModel, build_dp_critic
+from verl.workers.critic.fsdp_critic import build_fsdp_critic
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one(tmp_path_factory):
+    """FSDP2 needs a process group even for one rank; other test modules expect none, so it ends with the module."""
+    store = tmp_path_factory.mktemp("store") / "rendezvous"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def make_fsdp_actor(seed=0, trainable=True, checkpointing=False, use_remove_padding=False, **overrides):
+    return build_fsdp_actor(
+        actor_config(**overrides),
+        tiny_qwen2(seed),
+        mesh=device_mesh("cpu"),
+        total_training_steps=100,
+        trainable=trainable,
+        enable_gradient_checkpointing=checkpointing,
+        use_remove_padding=use_remove_padding,
+    )
+
+
+def full_weights(module):
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in module.state_dict().items()
+    }
+
+
+def with_old_log_probs(actor, seed=0):
+    batch = ppo_batch(seed=seed)
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    return batch
+
+
+def test_fp32_update_matches_the_dp_backend():
+    # One rank, fp32: the all-gather and the reduce-scatter are copies, so FSDP2 computes what dp computes; only
+    # the order of the norm's sums differs (the grad norm within float rounding, the weights within 1e-6).
+    dp = build_dp_actor(actor_config(), tiny_qwen2(0), total_training_steps=100)
+    fsdp = make_fsdp_actor()
+    batch = with_old_log_probs(dp)
+    torch.testing.assert_close(with_old_log_probs(fsdp).batch["old_log_probs"], batch.batch["old_log_probs"])
+    dp_metrics, fsdp_metrics = dp.update_policy(batch), fsdp.update_policy(batch)
+    assert fsdp_metrics["actor/update_failed"] == 0.0
+    assert fsdp_metrics["actor/pg_loss"] == pytest.approx(dp_metrics["actor/pg_loss"], abs=1e-6)
+    assert fsdp_metrics["actor/grad_norm"] == pytest.approx(dp_metrics["actor/grad_norm"], rel=1e-5)
+    want, got = dp.actor_module.state_dict(), full_weights(fsdp.actor_module)
+    assert want.keys() == got.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=0)
+    # the update moved the weights (lr 1e-2): the comparison above is not between two untouched models
+    assert not torch.equal(got["model.norm.weight"], tiny_qwen2(0).state_dict()["model.norm.weight"])
+
+
+def test_each_decoder_layer_is_an_fsdp_unit_with_dtensor_params():
+    actor = make_fsdp_actor()
+    module = actor.actor_module
+    assert isinstance(module, FSDPModule)
+    assert all(isinstance(layer, FSDPModule) for layer in module.model.layers)  # 2 layers, each its own unit
+    assert all(isinstance(p, DTensor) for p in module.parameters())
+    assert actor.training_path == "fsdp2"
+
+
+def test_a_wrap_class_the_model_lacks_is_refused_with_the_key():
+    with pytest.raises(ValueError, match=r"wrap_policy.transformer_layer_cls_to_wrap names \['LlamaDecoderLayer'\]"):
+        make_fsdp_actor(fsdp_config={"wrap_policy": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}})
+
+
+def test_fp16_overflow_skips_the_update_and_leaves_weights_and_state_untouched():
+    # Loss scale 2**32 overflows the fp16 backward. Hysteresis 2: the first overflow only uses up the hysteresis
+    # (scale stays 2**32), the second halves it to 2**31. Nothing is applied: weights bit for bit, no Adam state,
+    # the LR schedule not advanced.
+    actor = make_fsdp_actor(dtype="float16")
+    batch = with_old_log_probs(actor)
+    before = full_weights(actor.actor_module)
+    scales = []
+    for _ in range(2):
+        metrics = actor.update_policy(batch)
+        assert metrics["actor/update_failed"] == 1.0
+        scales.append(actor.optimizer.get_loss_scale())
+    assert scales == [2.0**32, 2.0**31]
+    assert actor.optimizer.local_found_inf  # this rank's own shards overflowed
+    after = full_weights(actor.actor_module)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert len(actor.optimizer.optimizer.state) == 0
+    assert actor.lr_scheduler.last_epoch == 0
+
+
+def test_fp16_trains_once_the_scale_fits():
+    actor = make_fsdp_actor(dtype="float16", optim={"initial_loss_scale": 1024.0})
+    batch = with_old_log_probs(actor)
+    first = actor.update_policy(batch)
+    second = actor.update_policy(batch)
+    # scale 1024 fits the tiny model's fp16 gradients: both updates apply, and the surrogate loss falls
+    assert first["actor/update_failed"] == 0.0 and second["actor/update_failed"] == 0.0
+    assert second["actor/pg_loss"] < first["actor/pg_loss"]
+    assert len(actor.optimizer.optimizer.state) == len(list(actor.actor_module.parameters()))
+
+
+def test_the_reference_is_frozen_and_starts_equal_to_the_actor():
+    actor, ref = make_fsdp_actor(), make_fsdp_actor(trainable=False)
+    assert ref.optimizer is None and ref.update_outcome_handler is None
+    assert not any(p.requires_grad for p in ref.actor_module.parameters())
+    batch = ppo_batch()
+    torch.testing.assert_close(ref.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="frozen"):
+        ref.update_policy(with_old_log_probs(ref))
+
+
+def test_activation_checkpointing_recomputes_each_layer_and_changes_no_number():
+    calls = {True: 0, False: 0}
+    metrics = {}
+    for checkpointing in (False, True):
+        actor = make_fsdp_actor(checkpointing=checkpointing)
+
+        def count(*_, flag=checkpointing):
+            calls[flag] += 1
+
+        batch = with_old_log_probs(actor)
+        # inside the layer: its FSDP2 hooks stay outside the checkpoint, what the layer computes is recomputed
+        actor.actor_module.model.layers[0].mlp.register_forward_pre_hook(count)
+        metrics[checkpointing] = actor.update_policy(batch)
+    # one mini-batch of 8 in 2 micro-batches of 4: layer 0's MLP runs forward twice; checkpointing runs it again in
+    # each backward (the recompute), 4 times in all
+    assert calls == {False: 2, True: 4}
+    assert metrics[True]["actor/pg_loss"] == pytest.approx(metrics[False]["actor/pg_loss"], abs=1e-7)
+    assert metrics[True]["actor/grad_norm"] == pytest.approx(metrics[False]["actor/grad_norm"], rel=1e-6)
+
+
+def test_padding_free_passes_give_the_padded_log_probs_and_values():
+    # packing drops the pad tokens only: wherever the response mask is 1, log-probs and values are the padded ones
+    batch = ppo_batch()
+    mask = batch.batch["response_mask"].bool()
+    padded, packed = make_fsdp_actor(), make_fsdp_actor(use_remove_padding=True)
+    assert packed.use_remove_padding
+    want, got = padded.compute_log_prob(batch)[0], packed.compute_log_prob(batch)[0]
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+    critics = [
+        build_fsdp_critic(
+            ValueModel.from_pretrained_lm(tiny_qwen2(0), seed=3),
+            critic_config(model={"use_remove_padding": flag}),
+            mesh=device_mesh("cpu"),
+            total_training_steps=10,
+        )
+        for flag in (False, True)
+    ]
+    assert critics[1].critic_module.use_remove_padding and not critics[0].critic_module.use_remove_padding
+    values = [c.compute_values(value_batch()) for c in critics]
+    torch.testing.assert_close(values[1], values[0], atol=1e-6, rtol=0)
+
+
+def test_offload_on_the_cpu_is_a_logged_no_op(caplog):
+    with caplog.at_level(logging.INFO):
+        actor = make_fsdp_actor(fsdp_config={"param_offload": True, "optimizer_offload": True})
+    text = caplog.text
+    assert "param_offload=true: the model is on the CPU already" in text
+    assert "optimizer_offload=true: the optimizer state is in CPU memory already" in text
+    assert actor.optimizer.offload_state is False
+    assert actor.update_policy(with_old_log_probs(actor))["actor/update_failed"] == 0.0
+
+
+def test_critic_fp32_update_matches_the_dp_critic():
+    dp = build_dp_critic(ValueModel.from_pretrained_lm(tiny_qwen2(0), seed=3), critic_config(), total_training_steps=10)
+    fsdp = build_fsdp_critic(
+        ValueModel.from_pretrained_lm(tiny_qwen2(0), seed=3),
+        critic_config(),
+        mesh=device_mesh("cpu"),
+        total_training_steps=10,
+    )
+    batch = value_batch()
+    torch.testing.assert_close(fsdp.compute_values(batch), dp.compute_values(batch))
+    dp_metrics, fsdp_metrics = dp.update_critic(batch), fsdp.update_critic(batch)
+    assert fsdp_metrics["critic/vf_loss"] == pytest.approx(dp_metrics["critic/vf_loss"], abs=1e-7)
+    torch.testing.assert_close(fsdp.compute_values(batch), dp.compute_values(batch), atol=1e-6, rtol=0)
+
+
+class _Payload:
+    """What a hostile checkpoint would run on load: it creates a file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def test_checkpoint_metadata_naming_foreign_code_is_refused_unexecuted(tmp_path):
+    actor = make_fsdp_actor()
+    actor.update_policy(with_old_log_probs(actor))
+    actor.save_checkpoint(tmp_path / "actor")
+    assert (tmp_path / "actor" / SHARDED_DIR / ".metadata").is_file()
+    marker = tmp_path / "pwned"
+    (tmp_path / "actor" / SHARDED_DIR / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(CheckpointError, match=r"names io\.open, which DCP metadata never holds"):
+        make_fsdp_actor().load_checkpoint(tmp_path / "actor")
+    assert not marker.exists()

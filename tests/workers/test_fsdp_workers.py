@@ -1,0 +1,79 @@
+"""The fsdp2 workers outside a worker group (rank 0 of 1): what init_model builds, the refused hf rollout, and a
+checkpoint written and read by every rank (here the one)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tests.workers.actor.test_fsdp_actor import world_of_one  # noqa: F401  (FSDP2 needs a process group)
+from verl.trainer.main_ppo import worker_classes
+from verl.workers.config import compose_ppo_config
+from verl.workers.fsdp_workers import FSDPActorRolloutRefWorker, FSDPCriticWorker
+
+
+def make_worker(*overrides: str, role: int = 0):
+    config = compose_ppo_config(["actor_rollout_ref.actor.strategy=fsdp", *overrides])
+    worker = worker_classes("fsdp")[role](config, total_training_steps=4)
+    worker.init_model()
+    return worker
+
+
+def test_both_names_choose_the_fsdp2_workers():
+    assert worker_classes("fsdp") == worker_classes("fsdp2") == (FSDPActorRolloutRefWorker, FSDPCriticWorker)
+
+
+def test_the_hf_rollout_is_refused_by_the_config():
+    # transformers' generate needs the whole model, and would stop each rank at its own eos
+    with pytest.raises(ValueError, match=r"rollout.name=hf needs a Hugging Face actor \(strategy=dp\); use naive"):
+        compose_ppo_config(["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.rollout.name=hf"])
+
+
+def test_fp16_reference_equals_the_untrained_actor_and_the_rollout_agrees_on_stopping():
+    from verl.trainer.data_setup import build_data
+
+    worker = make_worker("actor_rollout_ref.actor.use_kl_loss=true")
+    assert worker.rollout._stop_group is not None  # the sampler agrees with the other ranks on when to stop
+    assert worker.ref.optimizer is None and not any(p.requires_grad for p in worker.ref.model_module().parameters())
+    prompts = next(build_data(worker.config, 1).train_loader)
+    samples = worker.generate_sequences(prompts)
+    ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
+    actor = worker.compute_log_prob(samples).batch["old_log_probs"]
+    assert ref.shape == samples.batch["responses"].shape and torch.equal(ref, actor)
+
+
+def test_a_checkpoint_holds_shards_full_weights_and_an_export_with_the_tokenizer(tmp_path):
+    worker = make_worker("actor_rollout_ref.actor.dtype=float32")
+    worker.save_checkpoint(str(tmp_path / "actor"))
+    names = {p.relative_to(tmp_path / "actor").as_posix() for p in (tmp_path / "actor").rglob("*") if p.is_file()}
+    assert {"sharded/.metadata", "sharded/__0_0.distcp", "model.safetensors", "train_state.pt"} <= names
+    assert {"huggingface/config.json", "huggingface/model.safetensors", "huggingface/tokenizer.json"} <= names
+    assert "rng_state_rank0.pt" in names
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "actor" / "huggingface", dtype=torch.float32)
+    assert exported.config.vocab_size == worker.actor.model_module().config.vocab_size
+    worker.load_checkpoint(str(tmp_path / "actor"))  # every rank reads its shards back
+
+
+def test_weights_for_a_rollout_with_its_own_copy_are_whole_tensors_with_hugging_face_names():
+    from safetensors.torch import load_file
+
+    from verl.models.loading import resolve_model_path
+
+    worker = make_worker("actor_rollout_ref.actor.dtype=float32")
+    weights = dict(worker._iter_hf_weights())
+    # untrained: exactly the checkpoint's tensors, whole (not DTensor shards), under its names
+    expected = load_file(f"{resolve_model_path('default')}/model.safetensors")
+    assert set(expected) <= set(weights)
+    for name, tensor in expected.items():
+        assert type(weights[name]) is torch.Tensor and torch.equal(weights[name], tensor), name
+
+
+def test_padding_free_passes_reach_actor_and_reference():
+    worker = make_worker("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_kl_loss=true")
+    assert worker.actor.use_remove_padding and worker.ref.use_remove_padding
+
+
+def test_the_critic_worker_builds_a_sharded_value_model():
+    worker = make_worker("algorithm.adv_estimator=gae", "critic.model.use_remove_padding=true", role=1)
+    assert type(worker.critic).__name__ == "FSDPPPOCritic"
+    assert worker.critic.optimizer.get_loss_scale() == 2.0**32  # fp16 by default, with its own scaler
+    assert worker.critic.critic_module.use_remove_padding

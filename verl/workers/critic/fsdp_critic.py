@@ -1,0 +1,108 @@
+"""The ``fsdp2`` backend's critic: the ``dp`` value model (:class:`ValueModel`) sharded with torch FSDP2.
+
+The backbone's decoder layers and the root (backbone rest + value head) are FSDP2 units; the optimizer step, the
+fp16 loss scale and the sharded checkpoints are the FSDP2 actor's (:class:`FSDPUpdateLoopMixin`,
+:class:`~verl.utils.fsdp_optimizer.ShardedAmpOptimizer`). The critic writes no Hugging Face export: a backbone with
+a value head is no ``transformers`` class. :func:`build_fsdp_critic` is what a worker calls.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from verl.utils.fsdp_optimizer import build_sharded_amp_optimizer
+from verl.utils.fsdp_utils import enable_activation_checkpointing, shard_model
+from verl.workers.actor.fsdp_actor import FSDPUpdateLoopMixin
+from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
+from verl.workers.config import CriticConfig
+from verl.workers.critic.base import BasePPOCritic
+from verl.workers.critic.dp_critic import ValueModel
+
+logger = logging.getLogger(__name__)
+
+
+class FSDPPPOCritic(FSDPUpdateLoopMixin, BasePPOCritic):
+    """PPO critic over an FSDP2-sharded :class:`ValueModel`.
+
+    Args:
+        config: the ``critic`` config (per-rank mini-batch size in samples).
+        critic_module: the sharded value model, returning (B, S) values.
+        optimizer: a :class:`~verl.utils.fsdp_optimizer.ShardedAmpOptimizer`.
+        lr_scheduler: its LR schedule.
+        mesh: the data-parallel mesh the module is sharded over.
+        **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see ``build_loop_parts``).
+    """
+
+    training_path = "fsdp2"
+
+    def __init__(
+        self, config: CriticConfig, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, *, mesh, **loop_parts
+    ):
+        self.critic_module = critic_module
+        self.mesh = mesh
+        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
+
+    def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        values = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        return values.squeeze(-1) if values.dim() == 3 else values
+
+    def model_module(self) -> torch.nn.Module:
+        return self.critic_module
+
+
+def build_fsdp_critic(
+    model_path_or_module: str | torch.nn.Module | None,
+    critic_config: CriticConfig,
+    *,
+    mesh: DeviceMesh,
+    total_training_steps: int,
+    rank: int = 0,
+) -> FSDPPPOCritic:
+    """A ready ``fsdp2`` critic: value model sharded per ``critic.model.fsdp_config``, AdamW, schedule, handler.
+
+    Args:
+        model_path_or_module: the LM whose backbone the value model starts from (a path, ``None``/"default", a
+            ``*ForCausalLM`` module, or a :class:`ValueModel`); built in CPU memory, then sharded.
+        critic_config: the ``critic`` config, ``ppo_mini_batch_size`` in samples per rank.
+        mesh: the data-parallel mesh (:func:`verl.utils.fsdp_utils.device_mesh`).
+        total_training_steps: length of the LR schedule.
+        rank: data-parallel rank.
+    """
+    key = "critic.model.fsdp_config"
+    fsdp_config = critic_config.model.fsdp_config
+    dtype = TORCH_DTYPES[critic_config.dtype]
+    if isinstance(model_path_or_module, ValueModel):
+        module = model_path_or_module
+    else:
+        # the whole model is built once in CPU memory; fully_shard then keeps this rank's shards on the mesh device
+        module = ValueModel.from_pretrained_lm(model_path_or_module, device="cpu", seed=critic_config.seed)
+    if critic_config.model.enable_gradient_checkpointing:
+        enable_activation_checkpointing(module.backbone)
+    # padding-free passes (critic.model.use_remove_padding); each rank packs its own rows to its own length
+    module.use_remove_padding = critic_config.model.use_remove_padding
+    shard_model(
+        module,
+        mesh=mesh,
+        dtype=dtype,
+        reshard_after_forward=fsdp_config.reshard_after_forward,
+        param_offload=fsdp_config.param_offload,
+        wrap_class_names=fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
+        key=key,
+    )
+    optimizer, scheduler = build_sharded_amp_optimizer(
+        module,
+        critic_config.optim,
+        mesh=mesh,
+        dtype=dtype,
+        total_training_steps=total_training_steps,
+        optimizer_offload=fsdp_config.optimizer_offload,
+        param_offload=fsdp_config.param_offload,
+        key=key,
+    )
+    logger.info("fsdp2 critic: float32 master shards over %d rank(s), %s compute", mesh.size(), dtype)
+    return FSDPPPOCritic(
+        critic_config, module, optimizer, scheduler, mesh=mesh, **build_loop_parts(critic_config, rank=rank)
+    )
