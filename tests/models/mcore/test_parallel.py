@@ -31,3 +31,19 @@ def test_seed_is_cpu_safe_and_reproducible():
     first = torch.rand(3)
     set_model_parallel_seed(7)
     assert torch.equal(torch.rand(3), first)
+
+
+def test_groups_of_a_destroyed_process_group_are_rebuilt():
+    # Another library in the process may destroy the default group and make a new one; megatron-core's groups
+    # from before are then unusable, and the next model build must rebuild them instead of failing.
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from verl.models.mcore.parallel import ensure_model_parallel_initialized
+
+    ensure_model_parallel_initialized()
+    dist.destroy_process_group()
+    ensure_model_parallel_initialized()
+    assert parallel_state.get_pipeline_model_parallel_rank() == 0  # raised "Group ... is not registered" before
+    parallel_state.destroy_model_parallel()
+    dist.destroy_process_group()

@@ -35,6 +35,15 @@ def _init_single_process_group(backend: str | None) -> None:
     logger.info("initialised a single-process %s group on port %d for megatron-core", backend, port)
 
 
+def _groups_are_live() -> bool:
+    """Whether megatron-core's model-parallel group is registered with the current default process group."""
+    try:
+        dist.get_rank(group=parallel_state.get_model_parallel_group())
+    except (ValueError, RuntimeError, AssertionError):
+        return False
+    return True
+
+
 def ensure_model_parallel_initialized(tp: int = 1, pp: int = 1, backend: str | None = None) -> None:
     """Make sure torch.distributed and megatron-core's model-parallel groups exist; idempotent.
 
@@ -57,6 +66,11 @@ def ensure_model_parallel_initialized(tp: int = 1, pp: int = 1, backend: str | N
     if not dist.is_initialized():
         _init_single_process_group(backend)
     world_size = dist.get_world_size()
+    if parallel_state.model_parallel_is_initialized() and not _groups_are_live():
+        # megatron-core's groups outlived the process group they were split from (it was destroyed and made again,
+        # e.g. by another library in the same process): they cannot be used, so they are built anew
+        logger.warning("megatron-core's model-parallel groups belong to a destroyed process group; rebuilding them")
+        parallel_state.destroy_model_parallel()
     if parallel_state.model_parallel_is_initialized():
         have_tp = parallel_state.get_tensor_model_parallel_world_size()
         have_pp = parallel_state.get_pipeline_model_parallel_world_size()
