@@ -129,7 +129,14 @@ def vllm_engine_log_probs(model, sequences, response_length, dtype, workdir: Pat
 
     model_dir = workdir / f"model_{dtype}"
     model.save_pretrained(model_dir)
-    llm = LLM(model=str(model_dir), dtype=str(dtype).split(".")[-1], gpu_memory_utilization=0.1, enforce_eager=True)
+    # an explicit KV-cache size: vLLM's CPU sizing subtracts this whole process's memory and can leave nothing
+    llm = LLM(
+        model=str(model_dir),
+        dtype=str(dtype).split(".")[-1],
+        enforce_eager=True,
+        kv_cache_memory_bytes=256 * 2**20,
+        generation_config="vllm",
+    )
     params = SamplingParams(max_tokens=1, prompt_logprobs=0)
     outputs = llm.generate([TokensPrompt(prompt_token_ids=row.tolist()) for row in sequences], params)
     prompt_length = sequences.shape[1] - response_length
