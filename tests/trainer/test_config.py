@@ -193,6 +193,15 @@ def test_policy_mapping_from_the_command_line():
             "must be 1 in main_ppo",
         ),
         (["actor_rollout_ref.actor.recompute_old_log_prob=false"], r"recompute_old_log_prob=False is not supported"),
+        # settings nothing would read: refused, with the setting that makes them apply
+        (
+            ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
+            r"rollout.gpu_memory_utilization is set, but nothing reads it: it applies with .*rollout.name=vllm",
+        ),
+        (
+            ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],
+            r"actor.fsdp_config is set, but nothing reads it: it applies with actor_rollout_ref.actor.strategy=fsdp2",
+        ),
         (
             ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.use_remove_padding=true"],
             "use_remove_padding=true is not available on the megatron backend",

@@ -214,29 +214,22 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
         placement_timeout_s=config.trainer.placement_timeout_s,
     )
     started = []
-    try:
-        actor_cls, _ = worker_classes(config.actor_rollout_ref.actor.strategy)
-        actor_wg = RayWorkerGroup(
+
+    def start(worker_cls, name_prefix: str):
+        group = RayWorkerGroup(
             pool,
-            RayClassWithInitArgs(actor_cls, config, num_steps),
-            name_prefix="actor_rollout_ref",
+            RayClassWithInitArgs(worker_cls, config, num_steps),
+            name_prefix=name_prefix,
             collective_timeout_s=config.trainer.collective_timeout_s,
         )
-        started.append(actor_wg)
-        for line in actor_wg.init_model():
+        started.append(group)
+        for line in group.init_model():
             logger.info("%s", line)
-        critic_wg = None
-        if groups == 2:
-            _, critic_cls = worker_classes(config.critic_strategy)
-            critic_wg = RayWorkerGroup(
-                pool,
-                RayClassWithInitArgs(critic_cls, config, num_steps),
-                name_prefix="critic",
-                collective_timeout_s=config.trainer.collective_timeout_s,
-            )
-            started.append(critic_wg)
-            for line in critic_wg.init_model():
-                logger.info("%s", line)
+        return group
+
+    try:
+        actor_wg = start(worker_classes(config.actor_rollout_ref.actor.strategy)[0], "actor_rollout_ref")
+        critic_wg = start(worker_classes(config.critic_strategy)[1], "critic") if groups == 2 else None
     except PlacementError as err:
         shutdown_groups(*started)
         raise PlacementError(

@@ -32,8 +32,7 @@ from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, CheckpointErro
 from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR, SHARDED_DIR, export_huggingface, load_sharded, save_sharded
 from verl.utils.fsdp_optimizer import build_sharded_amp_optimizer
 from verl.utils.fsdp_utils import enable_activation_checkpointing, full_state_dict, shard_model
-from verl.utils.padding_free import forward_packed
-from verl.workers.actor.base import BasePPOActor
+from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
 
@@ -99,8 +98,8 @@ class FSDPUpdateLoopMixin:
         self.load_training_state_dict(load_state(directory / TRAIN_STATE_FILE))
 
 
-class FSDPPPOActor(FSDPUpdateLoopMixin, BasePPOActor):
-    """PPO actor over an FSDP2-sharded causal LM.
+class FSDPPPOActor(FSDPUpdateLoopMixin, DataParallelPPOActor):
+    """PPO actor over an FSDP2-sharded causal LM: the ``dp`` actor's forward pass, FSDP2's device and checkpoints.
 
     Args:
         config: the ``actor_rollout_ref.actor`` config (per-rank mini-batch size in samples).
@@ -128,23 +127,52 @@ class FSDPPPOActor(FSDPUpdateLoopMixin, BasePPOActor):
         use_remove_padding: bool = False,
         **loop_parts,
     ):
-        self.actor_module = actor_module
         self.mesh = mesh
-        self.use_remove_padding = use_remove_padding
         self.hf_export = isinstance(actor_module, PreTrainedModel)
-        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
-
-    def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        kwargs = {"use_cache": False} if isinstance(self.actor_module, PreTrainedModel) else {}
-        if self.use_remove_padding:
-            return forward_packed(self.actor_module, input_ids, attention_mask, position_ids, **kwargs)
-        output = self.actor_module(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+        super().__init__(
+            config, actor_module, optimizer, lr_scheduler, use_remove_padding=use_remove_padding, **loop_parts
         )
-        return getattr(output, "logits", output)
 
-    def model_module(self) -> torch.nn.Module:
-        return self.actor_module
+
+def shard_for_training(module, config, fsdp_config, *, mesh, total_training_steps, wrap_class_names, key, trainable):
+    """Shard ``module`` per ``fsdp_config`` and, when ``trainable``, build its sharded AdamW and LR schedule.
+
+    Args:
+        module: the fp32 model, in CPU memory or on the mesh device.
+        config: the trained model's section (actor or critic): its ``dtype`` and ``optim``.
+        fsdp_config: ``param_offload``, ``reshard_after_forward`` (and ``optimizer_offload`` when trainable).
+        mesh: the data-parallel mesh.
+        total_training_steps: length of the LR schedule.
+        wrap_class_names: ``wrap_policy.transformer_layer_cls_to_wrap``.
+        key: the ``fsdp_config`` section's full key, for messages.
+        trainable: False shards a frozen model and builds no optimizer.
+
+    Returns:
+        (optimizer, lr_scheduler), both None for a frozen model.
+    """
+    dtype = TORCH_DTYPES[config.dtype]
+    shard_model(
+        module,
+        mesh=mesh,
+        dtype=dtype,
+        reshard_after_forward=fsdp_config.reshard_after_forward,
+        param_offload=fsdp_config.param_offload,
+        wrap_class_names=wrap_class_names,
+        key=key,
+    )
+    if not trainable:
+        return None, None
+    logger.info("fsdp2: float32 master shards over %d rank(s), %s compute (%s)", mesh.size(), dtype, key)
+    return build_sharded_amp_optimizer(
+        module,
+        config.optim,
+        mesh=mesh,
+        dtype=dtype,
+        total_training_steps=total_training_steps,
+        optimizer_offload=fsdp_config.optimizer_offload,
+        param_offload=fsdp_config.param_offload,
+        key=key,
+    )
 
 
 def build_fsdp_actor(
@@ -174,34 +202,22 @@ def build_fsdp_actor(
         rank: data-parallel rank.
     """
     fsdp_config = config.fsdp_config if fsdp_config is None else fsdp_config
-    key = f"{ActorConfig.KEY}.fsdp_config" if trainable else "actor_rollout_ref.ref.fsdp_config"
-    dtype = TORCH_DTYPES[config.dtype]
     if not trainable:
         module.eval().requires_grad_(False)
     elif enable_gradient_checkpointing:
         enable_activation_checkpointing(module)
-    shard_model(
+    optimizer, scheduler = shard_for_training(
         module,
+        config,
+        fsdp_config,
         mesh=mesh,
-        dtype=dtype,
-        reshard_after_forward=fsdp_config.reshard_after_forward,
-        param_offload=fsdp_config.param_offload,
+        total_training_steps=total_training_steps,
         wrap_class_names=config.fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
-        key=key,
+        key=f"{ActorConfig.KEY}.fsdp_config" if trainable else "actor_rollout_ref.ref.fsdp_config",
+        trainable=trainable,
     )
     if not trainable:
         return FSDPPPOActor(config, module, mesh=mesh, use_remove_padding=use_remove_padding, rank=rank)
-    optimizer, scheduler = build_sharded_amp_optimizer(
-        module,
-        config.optim,
-        mesh=mesh,
-        dtype=dtype,
-        total_training_steps=total_training_steps,
-        optimizer_offload=fsdp_config.optimizer_offload,
-        param_offload=fsdp_config.param_offload,
-        key=key,
-    )
-    logger.info("fsdp2 actor: float32 master shards over %d rank(s), %s compute", mesh.size(), dtype)
     return FSDPPPOActor(
         config,
         module,

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, ClassVar, Literal
 
 from verl.workers.config.roles import FSDP_STRATEGIES, ActorConfig, CriticConfig, KLType, ModelConfig, RefConfig
-from verl.workers.config.rollout import RolloutConfig
+from verl.workers.config.rollout import VLLM_ROLLOUT_KEYS, RolloutConfig
 from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
 
 
@@ -286,7 +286,7 @@ class PPOConfig(BaseConfig):
         self._check_batch_sizes()
         self._check_fire_drill_ranks()
         self._check_training_paths()
-        self._check_fsdp_settings_apply()
+        self._check_settings_apply()
 
     def _check_hf_only_features(self) -> None:
         """Activation checkpointing and padding-free passes run on Hugging Face models (dp, fsdp2) only."""
@@ -388,30 +388,41 @@ class PPOConfig(BaseConfig):
         if self.needs_critic and self.critic_strategy == "megatron":
             self.critic.megatron.training_path("cpu", f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
 
-    def _check_fsdp_settings_apply(self) -> None:
-        """FSDP2 settings changed from their defaults on a model that is not on FSDP2 would do nothing: refuse."""
+    def _check_settings_apply(self) -> None:
+        """Settings changed from their defaults where nothing reads them would do nothing: refuse them, saying why.
+
+        FSDP2 sections apply to a model on ``fsdp2``/``fsdp``; the vLLM engine keys to ``rollout.name=vllm``.
+        """
+        from omegaconf import OmegaConf
+
         from verl.workers.config.loading import compose_omegaconf
 
-        defaults = None
         arr = self.actor_rollout_ref
-        sections = [
+        unused: list[tuple[str, Any, str]] = []  # (key, value, what would make it apply)
+        for strategy, value, key, owner in [
             (arr.actor.strategy, arr.actor.fsdp_config, f"{ActorConfig.KEY}.fsdp_config", ActorConfig.KEY),
             (arr.actor.strategy, arr.ref.fsdp_config, f"{RefConfig.KEY}.fsdp_config", ActorConfig.KEY),
-        ]
-        if self.needs_critic:
-            sections.append((self.critic_strategy, self.critic.model.fsdp_config, "critic.model.fsdp_config", "critic"))
-        for strategy, section, key, owner in sections:
-            if strategy in FSDP_STRATEGIES:
-                continue
-            if defaults is None:
-                defaults = compose_omegaconf()
-            from omegaconf import OmegaConf
-
-            default = OmegaConf.to_container(OmegaConf.select(defaults, key), resolve=True)
-            if section.to_dict() != default:
+            (self.critic_strategy, self.critic.model.fsdp_config, "critic.model.fsdp_config", "critic"),
+        ]:
+            if strategy not in FSDP_STRATEGIES and (owner != "critic" or self.needs_critic):
+                unused.append((key, value.to_dict(), f"{owner}.strategy=fsdp2 (it trains with {strategy})"))
+        if arr.rollout.name != "vllm":
+            fix = f"{RolloutConfig.KEY}.name=vllm (the rollout is {arr.rollout.name})"
+            for name in VLLM_ROLLOUT_KEYS:
+                value = getattr(arr.rollout, name)
+                plain = value.to_dict() if isinstance(value, BaseConfig) else value
+                unused.append((f"{RolloutConfig.KEY}.{name}", plain, fix))
+        if not unused:
+            return
+        defaults = OmegaConf.to_container(compose_omegaconf(), resolve=True)
+        for key, value, fix in unused:
+            default = defaults
+            for part in key.split("."):
+                default = default[part]
+            if value != default:
                 raise ValueError(
-                    f"{key} is set, but {owner} trains with strategy={strategy}, which does not use FSDP2; set "
-                    f"{owner}.strategy=fsdp2 or leave {key} at its defaults."
+                    f"{key} is set, but nothing reads it: it applies with {fix}. Set that, or leave {key} at its "
+                    "default."
                 )
 
     # ------------------------------------------------------------------ decisions

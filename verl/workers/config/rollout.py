@@ -22,6 +22,19 @@ class ValKwargsConfig(BaseConfig):
         check_number(self, "temperature", 0.0)
 
 
+# The keys only the vLLM engine reads (refused, when changed, with another rollout).
+VLLM_ROLLOUT_KEYS = (
+    "gpu_memory_utilization",
+    "enforce_eager",
+    "enable_chunked_prefill",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "free_cache_engine",
+    "tensor_model_parallel_size",
+    "engine_kwargs",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineKwargsConfig(BaseConfig):
     """Extra keyword arguments of an engine, passed as given (``engine_kwargs.vllm`` for ``vllm.LLM``)."""

@@ -13,19 +13,18 @@ import logging
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from verl.utils.fsdp_optimizer import build_sharded_amp_optimizer
-from verl.utils.fsdp_utils import enable_activation_checkpointing, shard_model
-from verl.workers.actor.fsdp_actor import FSDPUpdateLoopMixin
-from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
+from verl.utils.fsdp_utils import enable_activation_checkpointing
+from verl.workers.actor.fsdp_actor import FSDPUpdateLoopMixin, shard_for_training
+from verl.workers.actor.update_loop import build_loop_parts
 from verl.workers.config import CriticConfig
-from verl.workers.critic.base import BasePPOCritic
-from verl.workers.critic.dp_critic import ValueModel
+from verl.workers.critic.dp_critic import DataParallelPPOCritic, ValueModel
 
 logger = logging.getLogger(__name__)
 
 
-class FSDPPPOCritic(FSDPUpdateLoopMixin, BasePPOCritic):
-    """PPO critic over an FSDP2-sharded :class:`ValueModel`.
+class FSDPPPOCritic(FSDPUpdateLoopMixin, DataParallelPPOCritic):
+    """PPO critic over an FSDP2-sharded :class:`ValueModel`: the ``dp`` critic's forward, FSDP2's device and
+    checkpoints.
 
     Args:
         config: the ``critic`` config (per-rank mini-batch size in samples).
@@ -41,16 +40,8 @@ class FSDPPPOCritic(FSDPUpdateLoopMixin, BasePPOCritic):
     def __init__(
         self, config: CriticConfig, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, *, mesh, **loop_parts
     ):
-        self.critic_module = critic_module
         self.mesh = mesh
-        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
-
-    def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
-        values = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        return values.squeeze(-1) if values.dim() == 3 else values
-
-    def model_module(self) -> torch.nn.Module:
-        return self.critic_module
+        super().__init__(config, critic_module, optimizer, lr_scheduler, **loop_parts)
 
 
 def build_fsdp_critic(
@@ -73,7 +64,6 @@ def build_fsdp_critic(
     """
     key = "critic.model.fsdp_config"
     fsdp_config = critic_config.model.fsdp_config
-    dtype = TORCH_DTYPES[critic_config.dtype]
     if isinstance(model_path_or_module, ValueModel):
         module = model_path_or_module
     else:
@@ -83,26 +73,16 @@ def build_fsdp_critic(
         enable_activation_checkpointing(module.backbone)
     # padding-free passes (critic.model.use_remove_padding); each rank packs its own rows to its own length
     module.use_remove_padding = critic_config.model.use_remove_padding
-    shard_model(
+    optimizer, scheduler = shard_for_training(
         module,
+        critic_config,
+        fsdp_config,
         mesh=mesh,
-        dtype=dtype,
-        reshard_after_forward=fsdp_config.reshard_after_forward,
-        param_offload=fsdp_config.param_offload,
+        total_training_steps=total_training_steps,
         wrap_class_names=fsdp_config.wrap_policy.transformer_layer_cls_to_wrap,
         key=key,
+        trainable=True,
     )
-    optimizer, scheduler = build_sharded_amp_optimizer(
-        module,
-        critic_config.optim,
-        mesh=mesh,
-        dtype=dtype,
-        total_training_steps=total_training_steps,
-        optimizer_offload=fsdp_config.optimizer_offload,
-        param_offload=fsdp_config.param_offload,
-        key=key,
-    )
-    logger.info("fsdp2 critic: float32 master shards over %d rank(s), %s compute", mesh.size(), dtype)
     return FSDPPPOCritic(
         critic_config, module, optimizer, scheduler, mesh=mesh, **build_loop_parts(critic_config, rank=rank)
     )

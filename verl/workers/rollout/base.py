@@ -256,3 +256,50 @@ class BaseRollout(ABC):
                 f"state was saved by another rollout. Resume with the same `{_CONFIG_PREFIX}.name` as the run that "
                 "wrote the checkpoint."
             )
+
+
+class SeedSourceRollout(BaseRollout):
+    """A rollout whose engine samples from seeds it is handed: a private generator (``seed``) draws them.
+
+    Engines that own their random state (``transformers``' ``generate`` under a forked RNG, vLLM's per-request
+    seeds) are reproducible through the seeds they are given. The seed source is seeded once from ``params.seed``
+    (None: no source, the engine's own randomness), and its state is the rollout's checkpoint state, so a resumed
+    run draws the seeds the uninterrupted run would have.
+    """
+
+    def __init__(
+        self, config: DictConfig | Mapping[str, Any], pad_token_id: int, eos_token_id: int | Sequence[int]
+    ) -> None:
+        super().__init__(config, pad_token_id, eos_token_id)
+        self._seed_source: torch.Generator | None = None
+        if self.params.seed is not None:
+            self._seed_source = torch.Generator()
+            self._seed_source.manual_seed(self.params.seed)
+
+    def draw_seeds(self, count: int, bound: int) -> list[int] | None:
+        """``count`` seeds in [0, bound) from the seed source; None when the rollout is unseeded."""
+        if self._seed_source is None:
+            return None
+        return torch.randint(0, bound, (count,), generator=self._seed_source).tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"seed_source": uint8 tensor or None}``; loads with ``torch.load(..., weights_only=True)``."""
+        return {"seed_source": None if self._seed_source is None else self._seed_source.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Set the seed source to the state :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: ``state`` was saved by another rollout, or exactly one of the saved and this rollout is
+                seeded.
+        """
+        self._check_state_keys(state, {"seed_source"})
+        saved = state["seed_source"]
+        if (saved is None) != (self._seed_source is None):
+            raise ValueError(
+                "The rollout state to load and this rollout disagree on seeding (one has "
+                f"`{_CONFIG_PREFIX}.seed: null`, the other a seed); set the seed as in the run that wrote the "
+                "checkpoint."
+            )
+        if saved is not None:
+            self._seed_source.set_state(saved.to(device="cpu", dtype=torch.uint8))

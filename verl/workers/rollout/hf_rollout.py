@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
+from verl.workers.rollout.base import SamplingParams, SeedSourceRollout, register_rollout
 from verl.workers.rollout.sampling import sampled_token_log_probs
 
 __all__ = ["HFRollout"]
@@ -53,7 +53,7 @@ def _generation_kwargs(params: SamplingParams, pad_token_id: int, eos_ids: list[
 
 
 @register_rollout("hf")
-class HFRollout(BaseRollout):
+class HFRollout(SeedSourceRollout):
     """Sample responses with ``module.generate``.
 
     Args:
@@ -78,35 +78,6 @@ class HFRollout(BaseRollout):
             )
         super().__init__(config, pad_token_id, eos_token_id)
         self.module = module
-        self._seed_source: torch.Generator | None = None
-        if self.params.seed is not None:
-            self._seed_source = torch.Generator()
-            self._seed_source.manual_seed(self.params.seed)
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"seed_source": uint8 tensor}``, the state of the generator that draws each call's seed.
-
-        ``None`` in place of the tensor without ``seed``. Loads with ``torch.load(..., weights_only=True)``.
-        """
-        return {"seed_source": None if self._seed_source is None else self._seed_source.get_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Set the seed-source generator to the state :meth:`state_dict` returned.
-
-        Raises:
-            ValueError: ``state`` was saved by another rollout, or exactly one of the saved and this rollout is
-                seeded.
-        """
-        self._check_state_keys(state, {"seed_source"})
-        saved = state["seed_source"]
-        if (saved is None) != (self._seed_source is None):
-            raise ValueError(
-                "The rollout state to load and this rollout disagree on seeding (one has "
-                "`actor_rollout_ref.rollout.seed: null`, the other a seed); set the seed as in the run that wrote "
-                "the checkpoint."
-            )
-        if saved is not None:
-            self._seed_source.set_state(saved.to(device="cpu", dtype=torch.uint8))
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         from transformers import GenerationConfig
@@ -139,10 +110,11 @@ class HFRollout(BaseRollout):
             (B*n, L) generated tokens (the prompt part cut off), L <= R, and their (B*n, L) log-probs under the
             model's raw logits at the sampling temperature.
         """
-        if self._seed_source is None or params.greedy:
+        seeds = None if params.greedy else self.draw_seeds(1, 2**62)
+        if seeds is None:
             output = self._generate(input_ids, attention_mask, params)
         else:
-            call_seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+            (call_seed,) = seeds
             devices = [input_ids.device] if input_ids.device.type == "cuda" else []
             with torch.random.fork_rng(devices=devices):
                 torch.manual_seed(call_seed)

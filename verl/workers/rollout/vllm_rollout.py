@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
+from verl.workers.rollout.base import SamplingParams, SeedSourceRollout, register_rollout
 
 __all__ = ["VLLMRollout"]
 
@@ -37,7 +37,7 @@ _SEED_BOUND = 2**31 - 1
 
 
 @register_rollout("vllm")
-class VLLMRollout(BaseRollout):
+class VLLMRollout(SeedSourceRollout):
     """Sample responses with a ``vllm.LLM``.
 
     Args:
@@ -65,41 +65,9 @@ class VLLMRollout(BaseRollout):
             )
         super().__init__(config, pad_token_id, eos_token_id)
         self.engine = engine
-        self._seed_source: torch.Generator | None = None
-        if self.params.seed is not None:
-            self._seed_source = torch.Generator()
-            self._seed_source.manual_seed(self.params.seed)
         # sleep mode exists only where vLLM supports it (GPU) and when free_cache_engine asked for it
         self.can_sleep = bool(getattr(engine.model_config, "enable_sleep_mode", False))
         self._asleep = False
-
-    # ------------------------------------------------------------------ random state
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"seed_source": uint8 tensor}``, the state of the generator that draws each request's seed.
-
-        ``None`` in place of the tensor without ``seed`` (vLLM then samples from the engine's own random state,
-        which is not saved). Loads with ``torch.load(..., weights_only=True)``.
-        """
-        return {"seed_source": None if self._seed_source is None else self._seed_source.get_state()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Set the seed-source generator to the state :meth:`state_dict` returned.
-
-        Raises:
-            ValueError: ``state`` was saved by another rollout, or exactly one of the saved and this rollout is
-                seeded.
-        """
-        self._check_state_keys(state, {"seed_source"})
-        saved = state["seed_source"]
-        if (saved is None) != (self._seed_source is None):
-            raise ValueError(
-                "The rollout state to load and this rollout disagree on seeding (one has "
-                "`actor_rollout_ref.rollout.seed: null`, the other a seed); set the seed as in the run that wrote "
-                "the checkpoint."
-            )
-        if saved is not None:
-            self._seed_source.set_state(saved.to(device="cpu", dtype=torch.uint8))
 
     # ------------------------------------------------------------------ weights and memory
 
@@ -157,10 +125,7 @@ class VLLMRollout(BaseRollout):
         # vLLM's off values: top_k 0; top_p must be > 0, and top_p 0 keeps only the most likely token, i.e. top_k 1
         top_k = 1 if params.top_p <= 0 else max(int(params.top_k), 0)
         top_p = 1.0 if params.top_p <= 0 else float(params.top_p)
-        if self._seed_source is None:
-            seeds = [None] * num_rows
-        else:
-            seeds = torch.randint(0, _SEED_BOUND, (num_rows,), generator=self._seed_source).tolist()
+        seeds = self.draw_seeds(num_rows, _SEED_BOUND) or [None] * num_rows
         return [
             VLLMSamplingParams(temperature=float(params.temperature), top_k=top_k, top_p=top_p, seed=seed, **common)
             for seed in seeds
