@@ -94,3 +94,45 @@ def forward_packed(module: torch.nn.Module, input_ids, attention_mask, position_
         if hasattr(output, name):
             return unpack(getattr(output, name), packed)
     return unpack(output, packed)
+
+
+def real_column_span(attention_mask: torch.Tensor) -> tuple[int, int]:
+    """``(start, end)``: the columns outside ``[start, end)`` are padding in every row (one host sync).
+
+    The dataloader left-pads every prompt to ``data.max_prompt_length`` and the rollout right-pads every response
+    to ``response_length``; a batch whose longest prompt or response is shorter carries columns of padding only,
+    which a forward pass may drop without changing any real token's output (positions come with the tokens).
+
+    Returns:
+        ``(0, 0)`` for a mask without any real token.
+    """
+    real = attention_mask.bool().any(dim=0).nonzero()
+    if real.numel() == 0:
+        return 0, 0
+    start, last = real[[0, -1], 0].tolist()
+    return start, last + 1
+
+
+def trim_padding_columns(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Drop the columns of a rollout batch (B, P + R) that are padding in every row.
+
+    The last prompt column is always kept (its logits predict the first response token), so the result keeps the
+    layout: a prompt part followed by the first ``kept`` response columns.
+
+    Returns:
+        ``(input_ids, attention_mask, position_ids, kept)``: the trimmed (B, S') tensors (views) and the number of
+        response columns left, ``0 <= kept <= response_length``; outputs for the dropped response columns are padding.
+    """
+    prompt_length = input_ids.shape[1] - response_length
+    start, end = real_column_span(attention_mask)
+    start, end = min(start, prompt_length - 1), max(end, prompt_length)
+    columns = slice(start, end)
+    return input_ids[:, columns], attention_mask[:, columns], position_ids[:, columns], end - prompt_length
+
+
+def pad_response_columns(values: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Right-pad (B, kept) per-response-token outputs with zeros back to (B, ``response_length``)."""
+    missing = response_length - values.shape[1]
+    return torch.nn.functional.pad(values, (0, missing)) if missing > 0 else values

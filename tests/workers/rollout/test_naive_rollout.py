@@ -11,18 +11,27 @@ EOS = 2
 
 
 class ScriptedLogits:
-    """A logits_fn whose argmax at generation step t of row b is ``script[b][t]``; records what it was fed."""
+    """A logits_fn whose argmax at generation step t of prompt row b is ``script[b][t]``; records what it was fed.
+
+    Rows are told apart by their prompt (the prompts of a test are distinct), so the script follows each row when
+    finished rows leave the batch.
+    """
 
     def __init__(self, script, num_prompt_tokens):
         self.script = torch.tensor(script)
         self.num_prompt_tokens = num_prompt_tokens
+        self.prompts = None
         self.calls = []
 
     def __call__(self, input_ids, attention_mask, position_ids):
         self.calls.append((input_ids.clone(), attention_mask.clone(), position_ids.clone()))
+        prompt = input_ids[:, : self.num_prompt_tokens]
+        if input_ids.shape[1] == self.num_prompt_tokens:
+            self.prompts = prompt.clone()
+        rows = [int((self.prompts == p).all(-1).nonzero()[0]) for p in prompt]
         step = input_ids.shape[1] - self.num_prompt_tokens
         logits = torch.zeros(*input_ids.shape, VOCAB_SIZE)
-        logits[torch.arange(input_ids.shape[0]), -1, self.script[:, step]] = 10.0
+        logits[torch.arange(input_ids.shape[0]), -1, self.script[rows, step]] = 10.0
         return logits
 
 
@@ -42,13 +51,13 @@ def test_layout_with_eos_at_chosen_step():
     # row 0: cumsum - 1 = [-1,-1,0,1,2,3,3,3,3] -> clamp -> [0,0,0,1,2,3,3,3,3]
     assert torch.equal(batch["position_ids"], torch.tensor([[0, 0, 0, 1, 2, 3, 3, 3, 3], list(range(9))]))
     assert batch["responses"].dtype == torch.int64 and batch["response_mask"].dtype == torch.int64
-    # row 1 keeps going, so the model ran once per response token
-    assert len(script.calls) == 5
-    # first call sees the prompts with the layout's positions; after row 0's eos it is fed padding with mask 0
+    # row 1 keeps going, so the model ran once per response token; row 0 left the batch after its eos (step 1)
+    assert [call[0].shape[0] for call in script.calls] == [2, 2, 1, 1, 1]
+    # first call sees the prompts with the layout's positions; later calls see row 1 only, with its positions
     assert torch.equal(script.calls[0][2], prompts.batch["position_ids"])
     ids, mask, positions = script.calls[3]
-    assert ids[0, -1].item() == PAD_ID and mask[0, -1].item() == 0
-    assert torch.equal(positions[0], torch.tensor([0, 0, 0, 1, 2, 3, 3]))
+    assert torch.equal(ids, torch.tensor([[7, 8, 9, 10, 12, 13, 14]]))
+    assert torch.equal(mask, torch.ones(1, 7, dtype=torch.long)) and torch.equal(positions[0], torch.arange(7))
 
 
 def test_stops_early_when_all_rows_ended_and_pads_to_length():

@@ -15,14 +15,18 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.micro_batching import split_micro_batches
+from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import compute_response_log_probs, masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
 from verl.workers.config.roles import MicroBatching
+from verl.workers.rollout.decoding import IncrementalDecoder, RecomputeDecoder
 
 UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
 # read when the batch has them: the engine's log-probs (mismatch metrics, bypass/reinforce) and importance weights
 OPTIONAL_UPDATE_KEYS = ["rollout_log_probs", "rollout_is_weights"]
 LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+# every tensor update_policy may read: the driver sends the update these and nothing else of the batch
+UPDATE_READS = [*UPDATE_KEYS, "old_log_probs", "ref_log_prob", *OPTIONAL_UPDATE_KEYS]
 
 
 class BasePPOActor(UpdateLoop):
@@ -41,15 +45,33 @@ class BasePPOActor(UpdateLoop):
             input_ids, attention_mask, position_ids: (B, S) int64, left-padded prompts followed by responses.
         """
 
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """What the in-house (``naive``) rollout samples with, in the training precision.
+
+        By default the whole sequence is re-run for every token (:meth:`forward_logits`, no cache); backends with a
+        key/value cache override this with their cached decoder.
+        """
+
+        def logits_fn(input_ids, attention_mask, position_ids):
+            with self.autocast():
+                return self.forward_logits(input_ids, attention_mask, position_ids).float()
+
+        return RecomputeDecoder(logits_fn)
+
     # ------------------------------------------------------------------ log-probs
 
     def _forward_micro_batch(self, micro: DataProto, temperature: float, calculate_entropy: bool):
+        """Log-probs (and entropy) of one micro-batch's response tokens, on its columns that hold a real token."""
         batch = micro.batch
-        with self.autocast():
-            logits = self.forward_logits(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-        return compute_response_log_probs(
-            logits, batch["input_ids"], batch["responses"].shape[-1], temperature, calculate_entropy
+        response_length = batch["responses"].shape[-1]
+        input_ids, attention_mask, position_ids, kept = trim_padding_columns(
+            batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
         )
+        with self.autocast():
+            logits = self.forward_logits(input_ids, attention_mask, position_ids)
+        log_prob, entropy = compute_response_log_probs(logits, input_ids, kept, temperature, calculate_entropy)
+        log_prob = pad_response_columns(log_prob, response_length)
+        return log_prob, None if entropy is None else pad_response_columns(entropy, response_length)
 
     @torch.no_grad()
     def compute_log_prob(

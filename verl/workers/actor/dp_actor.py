@@ -19,6 +19,7 @@ from verl.utils.padding_free import forward_packed
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
+from verl.workers.rollout.decoding import HFCachedDecoder, IncrementalDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,12 @@ class DataParallelPPOActor(BasePPOActor):
 
     def model_module(self) -> torch.nn.Module:
         return self.actor_module
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """A Hugging Face model decodes on its own key/value cache; any other module re-runs the sequence."""
+        if isinstance(self.actor_module, PreTrainedModel):
+            return HFCachedDecoder(self.actor_module, self.autocast)
+        return super().incremental_decoder()
 
 
 def build_dp_actor(

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_attention_mask, forward_logits
+from verl.models.mcore.inference import MegatronCachedDecoder
 from verl.protocol import DataProto
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor.base import BasePPOActor
@@ -70,6 +71,10 @@ class MegatronPPOActor(MegatronModelMixin, BasePPOActor):
 
     def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)
+
+    def incremental_decoder(self) -> MegatronCachedDecoder:
+        """megatron-core's static inference context as the key/value cache, keys in the compute dtype."""
+        return MegatronCachedDecoder(self.model, kv_dtype=self.dtype, autocast=self.autocast)
 
     def autocast(self):
         # On the GPU path the parameters already are fp16/bf16 (megatron keeps fp32 main copies in the optimizer).

@@ -18,6 +18,7 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.micro_batching import split_micro_batches
+from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
 
@@ -33,7 +34,7 @@ CRITIC_UPDATE_KEYS = [
     "values",
     "returns",
 ]
-_VALUE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+VALUE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
 
 def response_values(values: torch.Tensor, response_length: int) -> torch.Tensor:
@@ -80,9 +81,13 @@ class BasePPOCritic(UpdateLoop):
     def _forward_response_values(self, micro: DataProto) -> torch.Tensor:
         """(B, R) float32 values of the response positions of one micro-batch (with gradients)."""
         batch = micro.batch
+        response_length = batch["responses"].shape[-1]
+        input_ids, attention_mask, position_ids, kept = trim_padding_columns(
+            batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
+        )
         with self.autocast():
-            values = self._forward_values(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-        return response_values(values, batch["responses"].shape[-1])
+            values = self._forward_values(input_ids, attention_mask, position_ids)
+        return pad_response_columns(response_values(values, kept), response_length)
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
@@ -97,7 +102,7 @@ class BasePPOCritic(UpdateLoop):
             ``critic.forward_max_token_len_per_gpu`` tokens with ``critic.use_dynamic_bsz``).
         """
         has_mask = "response_mask" in data.batch.keys()
-        keys = _VALUE_KEYS + (["response_mask"] if has_mask else [])
+        keys = VALUE_KEYS + (["response_mask"] if has_mask else [])
         chunks = []
         for micro in split_micro_batches(data.select(batch_keys=keys), self.config.forward_micro_batching()):
             values = self._forward_response_values(micro)

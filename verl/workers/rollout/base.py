@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from verl.protocol import DataProto
+from verl.utils.padding_free import real_column_span
 from verl.utils.registry import Registry
 from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
 
@@ -202,7 +203,9 @@ class BaseRollout(ABC):
         repeated = prompts.repeat(params.n, interleave=True) if params.n > 1 else prompts
         input_ids = repeated.batch["input_ids"].long()
         attention_mask = repeated.batch["attention_mask"].long()
-        generated = self._generate_tokens(input_ids, attention_mask, params)
+        # prompts are left-padded to data.max_prompt_length: the columns that are padding in every row go
+        start = min(real_column_span(attention_mask)[0], input_ids.shape[1] - 1)
+        generated = self._generate_tokens(input_ids[:, start:], attention_mask[:, start:], params)
         responses, log_probs = generated if isinstance(generated, tuple) else (generated, None)
         return build_rollout_output(
             repeated, responses, params.response_length, self.pad_token_id, self.eos_ids, raw_log_probs=log_probs

@@ -1,18 +1,22 @@
-"""The ``naive`` rollout: a backend-agnostic batched sampler over any logits function.
+"""The ``naive`` rollout: a backend-agnostic batched sampler over an incremental decoder.
 
-It needs nothing from the model but the shared model contract, a callable
-``logits_fn(input_ids, attention_mask, position_ids) -> logits (B, S, V)``, so the same sampler drives a Hugging
-Face model and a megatron-core ``GPTModel`` without converting weights. There is no KV cache: every step re-runs
-the whole sequence under ``torch.no_grad``, which is fine for the tiny models of development and CI and keeps the
-sampler independent of how a backend caches. Rows that emitted eos keep being fed padding (mask 0) until every row
-has ended or the response length is reached; the shared post-processing then builds the rollout layout. Over a
-sharded model (FSDP2), whose every forward pass is a collective, the ranks agree on that stop
-(:meth:`NaiveRollout.synchronize_stop`) so that all of them take the same number of steps.
+It needs nothing from the model but a decoder (:class:`~verl.workers.rollout.decoding.IncrementalDecoder`): the
+actors hand it their KV-cached one (a Hugging Face model's own cache for ``dp``/``fsdp``, megatron-core's static
+inference context for ``megatron``), so the same sampler drives both backends without converting weights. A plain
+``logits_fn(input_ids, attention_mask, position_ids) -> logits (B, S, V)`` is accepted too and re-run on the whole
+sequence every token (:class:`~verl.workers.rollout.decoding.RecomputeDecoder`).
+
+Each token costs one decoder call on the rows still generating: a row that emits eos leaves the batch (its cache
+rows go with it), so late tokens of a batch with short answers are cheap. Sampling stays on the device; the loop's
+only host sync per token is one small copy of the finished flags, which decides both whether to stop and which rows
+to keep. Over a sharded model (FSDP2), whose every forward pass is a collective, the ranks agree on that stop
+(:meth:`NaiveRollout.synchronize_stop`, folded into the same copy) and a rank whose rows have all ended keeps one
+row going, so that all ranks take the same number of steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,17 +24,16 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
+from verl.workers.rollout.decoding import IncrementalDecoder, LogitsFn, RecomputeDecoder
 from verl.workers.rollout.postprocess import compute_position_ids, is_eos
 from verl.workers.rollout.sampling import sample_next_token, sampled_token_log_probs
 
 __all__ = ["NaiveRollout"]
 
-LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
 
 @register_rollout("naive")
 class NaiveRollout(BaseRollout):
-    """Sample responses token by token from ``logits_fn``.
+    """Sample responses token by token from an incremental decoder.
 
     Determinism: with ``seed`` set, the rollout owns a ``torch.Generator`` (one per device) seeded once at first
     use, so a fresh rollout built with the same seed and called with the same batches in the same order yields
@@ -39,7 +42,9 @@ class NaiveRollout(BaseRollout):
     checkpoint left it. Without ``seed`` draws use torch's global random state.
 
     Args:
-        logits_fn: ``(input_ids, attention_mask, position_ids) -> logits``, inputs (B, S), output (B, S, V).
+        model: an :class:`~verl.workers.rollout.decoding.IncrementalDecoder`, or a ``logits_fn``
+            ``(input_ids, attention_mask, position_ids) -> logits``, inputs (B, S), output (B, S, V), which is run
+            without a cache.
         config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
             :class:`~verl.workers.rollout.base.SamplingParams` for the keys used.
         pad_token_id: id written after a row's eos and in right padding.
@@ -48,15 +53,17 @@ class NaiveRollout(BaseRollout):
 
     def __init__(
         self,
-        logits_fn: LogitsFn,
+        model: IncrementalDecoder | LogitsFn,
         config: DictConfig | Mapping[str, Any],
         pad_token_id: int,
         eos_token_id: int | Sequence[int],
     ):
-        if not callable(logits_fn):
-            raise ValueError(f"NaiveRollout needs a callable logits_fn, got {type(logits_fn).__name__}.")
+        if not isinstance(model, IncrementalDecoder) and not callable(model):
+            raise ValueError(
+                f"NaiveRollout needs an IncrementalDecoder or a callable logits_fn, got {type(model).__name__}."
+            )
         super().__init__(config, pad_token_id, eos_token_id)
-        self.logits_fn = logits_fn
+        self.decoder = model if isinstance(model, IncrementalDecoder) else RecomputeDecoder(model)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._stop_group: Any = None
 
@@ -65,17 +72,21 @@ class NaiveRollout(BaseRollout):
 
         A sharded model gathers its parameters from every rank in each forward pass, so a rank that stopped
         early would leave the others waiting in a collective. With this set each step ends with a MIN
-        all-reduce of the "all my rows ended" flag (one tiny collective per generated token).
+        all-reduce of the "all my rows ended" flag (one tiny collective per generated token), and a rank whose rows
+        have all ended keeps decoding one of them (its tokens are discarded) until every rank is done.
         """
         self._stop_group = process_group
 
-    def _all_finished(self, finished: torch.Tensor) -> bool:
-        done = finished.all()
-        if self._stop_group is None:
-            return bool(done)
-        flag = done.to(torch.int32).reshape(1)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._stop_group)
-        return bool(flag.item())
+    def _finished_on_host(self, finished: torch.Tensor) -> tuple[bool, torch.Tensor]:
+        """(stop now, the rows' finished flags on the host), in one device-to-host copy.
+
+        Stop when every row has ended; with a stop group, only when every row of every rank has.
+        """
+        done = finished.all().reshape(1).to(torch.int32)
+        if self._stop_group is not None:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self._stop_group)
+        flags = torch.cat([done.bool(), finished]).cpu()  # the one host sync of this token
+        return bool(flags[0]), flags[1:]
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if self.params.seed is None:
@@ -118,21 +129,10 @@ class NaiveRollout(BaseRollout):
             generators[device] = generator
         self._generators = generators
 
-    def _last_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        output = self.logits_fn(input_ids, attention_mask, compute_position_ids(attention_mask))
-        # Hugging Face models return a ModelOutput; accept it so a bare model call works as logits_fn
-        logits = getattr(output, "logits", output)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
-            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise ValueError(
-                f"logits_fn must return logits of shape (B, S, V) = {tuple(input_ids.shape)} + (V,), got {shape}."
-            )
-        return logits[:, -1, :]
-
     def _generate_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample token by token, re-running ``logits_fn`` on the whole sequence each step.
+        """Sample token by token; rows that emitted eos leave the decoder's batch.
 
         Args:
             input_ids: (B*n, P) prompt ids, left-padded.
@@ -140,22 +140,43 @@ class NaiveRollout(BaseRollout):
             params: the sampling options of this call.
 
         Returns:
-            (B*n, L) sampled tokens, L <= R (L < R only when every row has emitted eos), and their (B*n, L) log-probs
-            under the logits they were sampled from.
+            (B*n, L) sampled tokens, L <= R (L < R only when every row has emitted eos; after a row's eos come pad
+            ids), and their (B*n, L) log-probs under the logits they were sampled from.
         """
-        num_prompt_tokens = input_ids.shape[1]
-        generator = self._generator(input_ids.device)
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        log_probs = []
-        for _ in range(params.response_length):
-            logits = self._last_logits(input_ids, attention_mask)
-            next_tokens = sample_next_token(logits, params, generator)
-            next_tokens = next_tokens.masked_fill(finished, self.pad_token_id)
-            log_probs.append(sampled_token_log_probs(logits, next_tokens, params))
-            input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-            # rows that have ended are fed padding with mask 0, so they no longer affect the positions
-            attention_mask = torch.cat([attention_mask, (~finished).long()[:, None]], dim=-1)
-            finished |= is_eos(next_tokens, self.eos_ids)
-            if self._all_finished(finished):
-                break
-        return input_ids[:, num_prompt_tokens:], torch.stack(log_probs, dim=-1)
+        num_rows, device = input_ids.shape[0], input_ids.device
+        generator = self._generator(device)
+        tokens = torch.full((num_rows, params.response_length), self.pad_token_id, dtype=torch.long, device=device)
+        log_probs = torch.zeros(num_rows, params.response_length, dtype=torch.float32, device=device)
+        rows = torch.arange(num_rows, device=device)  # the output row of each row still generating
+        finished = torch.zeros(num_rows, dtype=torch.bool, device=device)
+        position_ids = compute_position_ids(attention_mask)
+        next_position = position_ids[:, -1] + 1
+        num_steps = 0
+        try:
+            logits = self.decoder.prefill(input_ids, attention_mask, position_ids, params.response_length)
+            for step in range(params.response_length):
+                next_tokens = sample_next_token(logits, params, generator)
+                tokens[rows, step] = next_tokens
+                log_probs[rows, step] = sampled_token_log_probs(logits, next_tokens, params)
+                num_steps = step + 1
+                finished |= is_eos(next_tokens, self.eos_ids)
+                if num_steps == params.response_length:
+                    break
+                stop, finished_host = self._finished_on_host(finished)
+                if stop:
+                    break
+                if finished_host.any():
+                    keep = (~finished_host).nonzero().squeeze(-1)
+                    if keep.numel() == 0:  # this rank is done, its peers are not: keep one row in step with them
+                        keep = keep.new_zeros(1)
+                    if keep.numel() < finished_host.numel():
+                        keep = keep.to(device, non_blocking=True)
+                        self.decoder.keep_rows(keep)
+                        rows, finished, next_tokens = rows[keep], finished[keep], next_tokens[keep]
+                        attention_mask, next_position = attention_mask[keep], next_position[keep]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows.shape[0], 1)], dim=-1)
+                logits = self.decoder.decode(next_tokens, attention_mask, next_position)
+                next_position = next_position + 1
+        finally:
+            self.decoder.release()
+        return tokens[:, :num_steps], log_probs[:, :num_steps]
