@@ -94,6 +94,12 @@ class EchoWorker(Worker):
     def fail_same_message(self) -> None:
         raise ExpectedWorkerError("the same message on every rank")
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def nap(self, seconds: float) -> int:
+        """Sleep ``seconds`` times (rank + 1): rank 1 is the slowest."""
+        time.sleep(seconds * (self.rank + 1))
+        return self.rank
+
     def plain_method(self, value: int) -> int:
         """Not registered: reachable through ``execute_all`` only."""
         return value + self.rank

@@ -87,6 +87,19 @@ def test_non_blocking_call_returns_pending_result(group):
     assert pending.get() == [40, 41]
 
 
+def test_every_call_records_its_time_and_the_slowest_ranks_work(group):
+    group.pop_call_timings()
+    assert group.nap(0.05) == [0, 1]
+    group.tag_rows(make_batch(4))
+    group.tag_rows(make_batch(2))
+    timings = group.pop_call_timings()
+    assert sorted(timings) == ["nap", "tag_rows"] and len(timings["tag_rows"]) == 2
+    (nap,) = timings["nap"]
+    # rank 1 slept 0.1 s; the call as the driver saw it took at least that, plus the trip
+    assert 0.1 <= nap.worker_s <= nap.wall_s and nap.overhead_s == nap.wall_s - nap.worker_s
+    assert group.pop_call_timings() == {}  # popped: the next step starts from nothing
+
+
 def test_execute_all_reaches_unregistered_methods(group):
     assert group.execute_all("plain_method", 5) == [5, 6]
     with pytest.raises(ValueError, match="no method"):

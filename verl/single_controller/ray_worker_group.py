@@ -28,6 +28,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -36,6 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.single_controller.decorator import RegisterSpec, get_register_spec, plan_call
 from verl.single_controller.placement import PlacementError, RankSlot, release_groups, reserve_nodes
+from verl.single_controller.transport import pack, unpack
 from verl.single_controller.worker import COLLECTIVE_TIMEOUT_ENV, Worker
 
 logger = logging.getLogger(__name__)
@@ -202,16 +204,49 @@ class RayClassWithInitArgs:
         self.kwargs = kwargs
 
 
+@dataclass(frozen=True)
+class CallTiming:
+    """Where the time of one group call went.
+
+    Attributes:
+        wall_s: from the driver's call to the collected result (dispatch, transfers, work, collect).
+        worker_s: the slowest rank's time inside the method.
+    """
+
+    wall_s: float
+    worker_s: float
+
+    @property
+    def overhead_s(self) -> float:
+        """What the call cost beyond the work itself: splitting, serialising, moving and merging the data."""
+        return max(self.wall_s - self.worker_s, 0.0)
+
+
 class PendingResult:
-    """The result of a non-blocking group call; ``get()`` waits for every rank and collects."""
+    """The result of a group call; ``get()`` waits for every rank, collects, and records the call's timing.
+
+    The refs are of :meth:`~verl.single_controller.worker.Worker.run_timed` calls, ``(result, seconds)`` per rank.
+    """
 
     def __init__(
-        self, refs: list, ranks: list[int], collect: Callable[[list], Any], on_death: Callable | None = None
+        self,
+        refs: list,
+        ranks: list[int],
+        collect: Callable[[list], Any],
+        on_death: Callable | None = None,
+        on_timing: Callable[[CallTiming], None] | None = None,
+        start: float | None = None,
     ) -> None:
         self._refs, self._ranks, self._collect, self._on_death = refs, ranks, collect, on_death
+        self._on_timing = on_timing
+        self._start = time.perf_counter() if start is None else start  # perf_counter() when the call began
 
     def get(self) -> Any:
-        return self._collect(get_all(self._refs, self._ranks, self._on_death))
+        timed = get_all(self._refs, self._ranks, self._on_death)
+        result = self._collect([unpack(output) for output, _ in timed])
+        if self._on_timing is not None:
+            self._on_timing(CallTiming(time.perf_counter() - self._start, max(seconds for _, seconds in timed)))
+        return result
 
 
 def _unwrap_task_error(err: RayTaskError, rank: int) -> BaseException:
@@ -352,6 +387,7 @@ class RayWorkerGroup:
         self._holds_pool = False
         self._workers: list = []
         self._placement: list[dict] = []  # per rank: node_id, node_ip, pid, ... as the worker reported them
+        self.call_timings: dict[str, list[CallTiming]] = {}  # see pop_call_timings
         specs = self._registered_methods(self._cls)
         try:
             self._start_workers(ray_cls_with_init)
@@ -448,6 +484,7 @@ class RayWorkerGroup:
     def _make_group_method(self, method_name: str, spec: RegisterSpec) -> Callable[..., Any]:
         @functools.wraps(getattr(self._cls, method_name))
         def group_method(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
             plan = plan_call(spec, self.world_size, args, kwargs)
             victim = _kill_hook_victim(self.name_prefix, method_name)
             refs = []
@@ -457,11 +494,26 @@ class RayWorkerGroup:
                         "test hook %s: killing %s rank %d at %s", KILL_HOOK_ENV, self.name_prefix, rank, method_name
                     )
                     self._workers[rank].die_now.remote()  # runs first: the method below meets a dead actor
-                refs.append(getattr(self._workers[rank], method_name).remote(*rank_args, **rank_kwargs))
-            pending = PendingResult(refs, plan.ranks, plan.collect, self._death)
+                packed_args = [pack(value) for value in rank_args]
+                packed_kwargs = {key: pack(value) for key, value in rank_kwargs.items()}
+                refs.append(self._workers[rank].run_timed.remote(method_name, *packed_args, **packed_kwargs))
+            pending = PendingResult(
+                refs, plan.ranks, plan.collect, self._death, self._record_timing(method_name), start=start
+            )
             return pending.get() if spec.blocking else pending
 
         return group_method
+
+    def _record_timing(self, method_name: str) -> Callable[[CallTiming], None]:
+        def record(timing: CallTiming) -> None:
+            self.call_timings.setdefault(method_name, []).append(timing)
+
+        return record
+
+    def pop_call_timings(self) -> dict[str, list[CallTiming]]:
+        """The timings of the group calls made since the last pop, by method name, in call order."""
+        timings, self.call_timings = self.call_timings, {}
+        return timings
 
     @property
     def world_size(self) -> int:

@@ -18,11 +18,13 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import torch
 import torch.distributed as dist
 
 from verl.single_controller.decorator import Dispatch, register
+from verl.single_controller.transport import pack, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +179,19 @@ class Worker:
         """
         logger.warning("rank %d: killed by the test hook", self._rank)
         os.kill(os.getpid(), signal.SIGKILL)
+
+    def run_timed(self, method_name: str, *args, **kwargs) -> tuple:
+        """Run one of this worker's methods; returns ``(its result, the seconds it took in this process)``.
+
+        The worker group calls every registered method through here, so that the driver can tell the time spent
+        working from the time spent getting arguments to the worker and the result back. DataProto arguments and
+        results travel packed (:mod:`verl.single_controller.transport`); unpacking and packing count as work here.
+        """
+        start = time.perf_counter()
+        args = tuple(unpack(value) for value in args)
+        kwargs = {key: unpack(value) for key, value in kwargs.items()}
+        result = getattr(self, method_name)(*args, **kwargs)
+        return pack(result), time.perf_counter() - start
 
     # -------------------------------------------------------------- registered
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,8 +163,9 @@ class ActorRolloutRefWorker(_ModelWorker):
         )
 
     def _rollout_model(self):
-        """What the rollout samples from: the actor's own forward pass, in the training precision; for ``vllm`` an
-        engine of its own, built here from the model directory and synced with the actor after every update."""
+        """What the rollout samples from: the actor's own model, in the training precision (``naive``: the actor's
+        key/value-cached decoder; ``hf``: its module's ``generate``); for ``vllm`` an engine of its own, built here
+        from the model directory and synced with the actor after every update."""
         rollout = self.config.actor_rollout_ref.rollout
         if rollout.name == "hf":
             return self.actor.model_module()
@@ -171,37 +173,66 @@ class ActorRolloutRefWorker(_ModelWorker):
             from verl.workers.rollout.vllm_engine import build_vllm_engine
 
             return build_vllm_engine(self.config, seed=rollout.seed + self.rank, device=self._device())
-        actor = self.actor
-
-        def logits_fn(input_ids, attention_mask, position_ids):
-            with actor.autocast():
-                return actor.forward_logits(input_ids, attention_mask, position_ids).float()
-
-        return logits_fn
+        return self.actor.incremental_decoder()
 
     # ------------------------------------------------------------------ the RL step
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
+    def _generate(self, prompts: DataProto) -> DataProto:
         self.actor.model_module().eval()
         with torch.no_grad():
             output = self.rollout.generate_sequences(prompts.to(self._device()))
         self.actor.model_module().train()
-        return output.to("cpu")
+        return output
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_log_prob(self, data: DataProto) -> DataProto:
+    def _old_log_probs(self, data: DataProto) -> torch.Tensor:
         batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
-        log_probs, _ = self.actor.compute_log_prob(data.to(self._device()), batching)
-        return DataProto.from_dict(tensors={"old_log_probs": log_probs.cpu()})
+        return self.actor.compute_log_prob(data.to(self._device()), batching)[0]
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+    def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
         batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
-        log_probs, _ = self.ref.compute_log_prob(data.to(self._device()), batching)
-        return DataProto.from_dict(tensors={"ref_log_prob": log_probs.cpu()})
+        return self.ref.compute_log_prob(data.to(self._device()), batching)[0]
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        return self._generate(prompts).to("cpu")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"old_log_probs": self._old_log_probs(data).cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        return DataProto.from_dict(tensors={"ref_log_prob": self._ref_log_probs(data).cpu()})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_with_log_probs(self, prompts: DataProto) -> DataProto:
+        """:meth:`generate_sequences`, then the old and the reference log-probs the run needs, in one call.
+
+        The trainer's rollout phase: one round trip instead of up to three, and the responses never leave the
+        worker between the passes. The old log-probs come when the run computes them
+        (:attr:`~verl.workers.config.PPOConfig.computes_old_log_prob`), the reference's when it has one.
+
+        Returns:
+            The rollout output plus ``old_log_probs`` and ``ref_log_prob`` (B*n, R) as configured; its
+            ``meta_info["timing_s"]`` holds this rank's seconds per pass (``gen``, ``old_log_prob``, ``ref``).
+        """
+        timing: dict[str, float] = {}
+        start = time.perf_counter()
+        output = self._generate(prompts)
+        timing["timing_s/gen"] = time.perf_counter() - start
+        output.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        passes = [("old_log_prob", "old_log_probs", self.config.computes_old_log_prob, self._old_log_probs)]
+        passes.append(("ref", "ref_log_prob", self.config.needs_reference, self._ref_log_probs))
+        for phase, key, wanted, compute in passes:
+            if wanted:
+                start = time.perf_counter()
+                output.batch[key] = compute(output)
+                timing[f"timing_s/{phase}"] = time.perf_counter() - start
+        output = output.to("cpu")
+        output.meta_info["metrics"] = timing
+        return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -210,9 +241,11 @@ class ActorRolloutRefWorker(_ModelWorker):
         Returns:
             The actor's ``actor/...`` metrics, plus ``timing_s/weight_sync`` (seconds spent sending weights, 0 when
             every update of the step was skipped and nothing was sent) and ``rollout/weight_syncs`` (syncs so far)
-            when the rollout holds its own weights.
+            when the rollout holds its own weights; and ``perf/cpu_peak_rss_gb``, this worker process's peak resident
+            memory so far (GiB, Linux ``ru_maxrss``; the driver averages it over ranks).
         """
         metrics = self.actor.update_policy(data.to(self._device()))
+        metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self._rollout_holds_weights():
             seconds = 0.0
             if metrics.get(f"{self.actor.role}/num_updates_successful", 0) > 0:

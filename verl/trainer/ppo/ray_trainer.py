@@ -26,7 +26,9 @@ from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics, compute_roll
 from verl.utils.checkpoint import atomic_directory, load_state, save_state
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
+from verl.workers.actor.base import UPDATE_READS
 from verl.workers.config import PPOConfig
+from verl.workers.critic.base import CRITIC_UPDATE_KEYS, VALUE_KEYS
 
 logger = logging.getLogger("verl.trainer")
 
@@ -50,6 +52,21 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty_type: str) -> dict[st
     current_kl = masked_mean(kld, mask, axis=-1).mean().item()
     kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
     return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def only_keys(batch: DataProto, keys: list[str]) -> DataProto:
+    """What a worker call reads of ``batch``: the tensors of ``keys`` that it has, its meta_info, no non-tensors.
+
+    Every call ships its argument to each rank, so what the worker would not read is left behind (the prompt
+    texts, scores, rewards, returns, ...).
+    """
+    present = [key for key in keys if key in batch.batch.keys()]
+    return batch.select(batch_keys=present, non_tensor_batch_keys=[])
+
+
+def slowest_rank(metrics: dict[str, Any]) -> dict[str, float]:
+    """Per-rank timings gathered by the worker group (a value or a list per key) -> the slowest rank's."""
+    return {key: max(value) if isinstance(value, list) else float(value) for key, value in metrics.items()}
 
 
 def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -217,18 +234,13 @@ class RayPPOTrainer:
         step_start = time.perf_counter()
         prompt_texts = prompts.non_tensor_batch.get("raw_prompt", [])
         prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        with self._timed(timing, "gen"):
-            batch = self.actor_wg.generate_sequences(prompts)
-        batch.meta_info["temperature"] = cfg.actor_rollout_ref.rollout.temperature
-        if self.computes_old_log_prob:
-            with self._timed(timing, "old_log_prob"):
-                batch = batch.union(self.actor_wg.compute_log_prob(batch))
-        if self.use_ref:
-            with self._timed(timing, "ref"):
-                batch = batch.union(self.actor_wg.compute_ref_log_prob(batch))
+        self._pop_call_overheads()  # calls made between steps (validation, checkpoints) are not this step's
+        # one call: generation, then the old and the reference log-probs the run needs (timed by the worker)
+        batch = self.actor_wg.generate_with_log_probs(prompts)
+        timing.update({k.removeprefix("timing_s/"): v for k, v in slowest_rank(batch.meta_info.pop("metrics")).items()})
         if self.critic_wg is not None:
             with self._timed(timing, "values"):
-                batch = batch.union(self.critic_wg.compute_values(batch))
+                batch = batch.union(self.critic_wg.compute_values(only_keys(batch, VALUE_KEYS)))
         metrics: dict[str, float] = self.mismatch(batch)
         with self._timed(timing, "reward"):
             scores = self.reward_fn(batch)
@@ -241,15 +253,27 @@ class RayPPOTrainer:
         metrics.update(self.correct_for_mismatch(batch))
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
-                metrics.update(mean_over_ranks(self.critic_wg.update_critic(batch)))
+                metrics.update(mean_over_ranks(self.critic_wg.update_critic(only_keys(batch, CRITIC_UPDATE_KEYS))))
         # verl's rule, with its 1-based step: the actor starts updating at step critic_warmup (0 and 1: at once)
         if self.global_step + 1 >= cfg.trainer.critic_warmup or self.critic_wg is None:
             with self._timed(timing, "update_actor"):
-                metrics.update(mean_over_ranks(self.actor_wg.update_actor(batch)))
+                metrics.update(mean_over_ranks(self.actor_wg.update_actor(only_keys(batch, UPDATE_READS))))
         timing["step"] = time.perf_counter() - step_start
         metrics.update(self.batch_metrics(batch, timing))
+        metrics.update(self._pop_call_overheads())
         metrics["data/batch_fingerprint"] = float(zlib.crc32("\n".join(map(str, prompt_texts)).encode()))
         return metrics
+
+    def _pop_call_overheads(self) -> dict[str, float]:
+        """``timing_s/overhead/<method>``: seconds of each worker call beyond the work itself, summed over the calls
+        since the last pop (splitting the batch, moving it to the workers and back, merging the results)."""
+        overheads: dict[str, float] = {}
+        for group in (self.actor_wg, self.critic_wg):
+            if group is None:
+                continue
+            for method, calls in group.pop_call_timings().items():
+                overheads[f"timing_s/overhead/{method}"] = sum(call.overhead_s for call in calls)
+        return overheads
 
     def mismatch(self, batch: DataProto) -> dict[str, float]:
         """The engine-vs-trainer mismatch metrics, or (``bypass_mode``) the rollout's log-probs as the old ones.
