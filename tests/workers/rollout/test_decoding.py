@@ -74,3 +74,37 @@ def test_rollouts_on_the_cached_and_the_recomputing_decoder_agree(tiny_model):
     assert torch.equal(cached["responses"], full["responses"])
     mask = cached["response_mask"].bool()
     assert torch.allclose(cached["rollout_log_probs"][mask], full["rollout_log_probs"][mask], atol=1e-5, rtol=0)
+
+
+def test_an_sdpa_model_decodes_on_grouped_query_attention_and_gets_its_own_back(tiny_model, monkeypatch):
+    """The switch lasts from prefill to release; a rollout releases even when the model fails mid-way."""
+    from transformers import AttentionInterface
+
+    from verl.workers.rollout import decoding
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape)  # the query
+        return decoding.grouped_query_sdpa_attention(*args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, decoding.GROUPED_QUERY_SDPA, counting)
+    tiny_model.config._attn_implementation = "sdpa"
+    prompts = _prompts()
+    decoder = HFCachedDecoder(tiny_model)
+    with torch.no_grad():
+        _step_logits(decoder, prompts, num_steps=2, drop_after=0)
+    assert tiny_model.config._attn_implementation == decoding.GROUPED_QUERY_SDPA
+    # 2 layers x (prefill + 2 decode steps); decode queries are one token per row
+    assert len(calls) == 6 and calls[-1][2] == 1
+    decoder.release()
+    assert tiny_model.config._attn_implementation == "sdpa"
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, decoding.GROUPED_QUERY_SDPA, failing)
+    rollout = NaiveRollout(HFCachedDecoder(tiny_model), {"response_length": 2}, PAD_ID, 2)
+    with pytest.raises(RuntimeError, match="boom"):
+        rollout.generate_sequences(prompts)
+    assert tiny_model.config._attn_implementation == "sdpa"

@@ -24,8 +24,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import Cache
+from transformers import AttentionInterface, Cache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 __all__ = [
     "HFCachedDecoder",
@@ -38,6 +40,42 @@ __all__ = [
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 AutocastFactory = Callable[[], contextlib.AbstractContextManager]
+
+
+# The attention the HF decoder switches an ``sdpa`` model to while it decodes (see grouped_query_sdpa_attention).
+GROUPED_QUERY_SDPA = "verl_grouped_query_sdpa"
+
+
+def grouped_query_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' ``sdpa`` attention, minus its key/value copy on CPU.
+
+    With grouped-query attention and a padding mask, transformers repeats the cached keys and values to one copy per
+    query head before calling SDPA: in a decode step that copies the whole cache, every layer, every token (measured
+    on 2 CPU cores, 64 rows of 70 tokens, 6 query and 2 key/value heads: 1050 us per layer call against 177 us with
+    SDPA's own ``enable_gqa``). On CPU this passes the grouped keys as they are; elsewhere (CUDA, whose fast kernels
+    take no mask together with ``enable_gqa``) it is transformers' own function.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    if query.device.type != "cpu" or groups == 1 or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if attention_mask is not None and attention_mask.dim() == 4:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    is_causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=is_causal,
+        enable_gqa=True,
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_QUERY_SDPA, grouped_query_sdpa_attention)
+AttentionMaskInterface.register(GROUPED_QUERY_SDPA, sdpa_mask)
 
 
 def last_logits(output: Any, batch_size: int) -> torch.Tensor:
@@ -206,6 +244,7 @@ class HFCachedDecoder(IncrementalDecoder):
         self.autocast = autocast
         self.num_layers = int(module.config.get_text_config().num_hidden_layers)
         self._cache = None
+        self._restore_attention: str | None = None
 
     def _forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         with self.autocast():
@@ -222,6 +261,10 @@ class HFCachedDecoder(IncrementalDecoder):
     def prefill(self, input_ids, attention_mask, position_ids, max_new_tokens):
         capacity = input_ids.shape[1] + max_new_tokens
         self._cache = Cache(layers=[PreallocatedCacheLayer(capacity) for _ in range(self.num_layers)])
+        config = self.module.config
+        if config._attn_implementation == "sdpa":  # decode without the per-token key/value copy (until release)
+            self._restore_attention = config._attn_implementation
+            config._attn_implementation = GROUPED_QUERY_SDPA
         return self._forward(input_ids, attention_mask, position_ids)
 
     def decode(self, tokens, attention_mask, position_ids):
@@ -233,3 +276,6 @@ class HFCachedDecoder(IncrementalDecoder):
 
     def release(self):
         self._cache = None
+        if self._restore_attention is not None:
+            self.module.config._attn_implementation = self._restore_attention
+            self._restore_attention = None
