@@ -1,17 +1,51 @@
-"""GRPO training throughput of verl's trainer (``dp`` backend) against TRL's ``GRPOTrainer`` on the same job.
+"""GRPO training throughput and memory of verl's trainer (``dp`` backend) against TRL's ``GRPOTrainer``, at two sizes.
 
-Both train the embedded tiny model on the same prompts (one parquet file of the reverse-the-digits task, written
-once), with the same group size, response length, prompts per step, learning rate, clipping, loss aggregation
-(token mean over the batch: TRL's ``dapo``), no KL term and the same precision, one optimizer update per step.
-Each run is a fresh subprocess; the two trainers alternate (verl, TRL, TRL, verl, ...) so that machine drift
+Both trainers train the same model directory on the same prompts (one parquet file of the reverse-the-digits task,
+written once), with the same group size, response length, prompts per step, learning rate, clipping, loss
+aggregation (token mean over the batch: TRL's ``dapo``), no KL term and the same precision, one optimizer update
+per step. ``--sizes`` picks the models, run one after the other:
+
+* ``tiny``: the embedded model (``verl/models/tiny``, 0.1M parameters); response length 8, 12 steps, 4 rounds,
+  learning rate 3e-3; verl updates the whole batch as one micro-batch (a budget of 4096 real tokens).
+* ``10m``: a Qwen2-shaped model written once into the benchmark's temporary directory (hidden 384, MLP 1024, 6
+  layers, 6 query / 2 kv heads of 64, tied embeddings, context 256, the tiny model's tokenizer and vocabulary,
+  seeded random init, fp32 safetensors; about 9.5M parameters); response length 64, 6 steps, 2 rounds, learning
+  rate 1e-6, so that neither trainer's policy moves away from the random model's response lengths within the run
+  (both trainers' mean response lengths are reported, to show that they did the same work); verl updates in
+  micro-batches of at most 512 real tokens (``use_dynamic_bsz``, cut from length-sorted rows). TRL computes the
+  batch as one (``per_device_train_batch_size`` = the batch, no gradient accumulation, its fastest setting here:
+  it also generates per micro-batch).
+
+verl loads the directory through ``actor_rollout_ref.model.path`` (and ``tokenizer_path``), TRL through
+``verl.models.loading.load_hf_causal_lm`` / ``load_tokenizer``. verl generates with ``--rollout`` (default
+``naive``, the project's default rollout; ``hf`` is transformers' ``generate``, the engine TRL uses).
+
+Each run is a fresh subprocess; the two trainers alternate (verl, TRL, then TRL, verl, ...) so that machine drift
 cancels. A step's time is the trainer's own: ``timing_s/step`` from verl's ``metrics.jsonl``, and the time between
-``on_step_begin`` and ``on_step_end`` in TRL (generation, reward, advantages, forward/backward, optimizer step).
-Throughput is completions per second; the figure of merit is the median over rounds of verl's / TRL's.
+``on_step_begin`` and ``on_step_end`` in TRL (generation, reward, advantages, forward/backward, optimizer step); the
+first ``--warmup-steps`` of every run are left out. Throughput is completions per second; the figure of merit of a
+size, ``throughput_ratio_<size>``, is the median over rounds of verl's / TRL's (each round pairs its verl and TRL
+run).
 
-TRL lives in its own virtual environment so that it can never change the project's ``transformers``:
+Peak memory is the resident set (CPU). TRL's is its process's peak (``os.wait4`` on the child). verl's is the
+driver's peak (``os.wait4`` on ``main_ppo``) plus the actor worker's own peak, which the worker logs each step as
+``perf/cpu_peak_rss_gb`` (max over steps); Ray's own daemons (GCS, raylet, dashboard) are not counted. Linux's
+``wait4`` reports the largest peak of the child and of any descendant it reaped, never a sum.
+
+Each phase's share of the machine's fp32 matmul rate (``common.matmul_flops_per_second``, measured once per size
+right before its rounds), with N distinct parameters and T real tokens (prompt + response) of a step's batch
+(verl's ``perf/num_tokens``, median over steps and runs): generation ~ 2*N*T (a KV-cached decode's work),
+update ~ 6*N*T, an old-log-prob pass (when verl times one) ~ 2*N*T; a whole step is their sum. Share = FLOPs /
+(median seconds * rate). TRL's step share uses the same generation + update FLOPs at verl's token count (TRL does no
+old-log-prob pass with one update per step) over TRL's own median step time; the two trainers' batches are sampled
+independently, so their real token counts differ a little.
+
+TRL lives in its own virtual environment so that it can never change the project's ``transformers`` (the project's
+``.venv`` has no TRL):
 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && .venv-bench/bin/pip install -e . trl
-    .venv-bench/bin/python benchmarks/bench_vs_trl.py
+    .venv-bench/bin/python benchmarks/bench_vs_trl.py                       # both sizes, several minutes
+    .venv-bench/bin/python benchmarks/bench_vs_trl.py --sizes 10m --rounds-10m 4
 """
 
 from __future__ import annotations
@@ -20,9 +54,12 @@ import argparse
 import json
 import os
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +67,32 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+
+# Per-size defaults; each is overridable as --<field>-<size> (e.g. --steps-10m 8).
+# The 10m model starts from random weights, and at the tiny model's learning rate its policy moves within a few
+# steps, differently in each trainer (measured: verl's mean response fell from 64 to 8 tokens by step 3 in one run
+# while TRL's stayed long), so the two would no longer do the same work; at 1e-6 both keep the random model's
+# response lengths, and every step still runs the full forward, backward and optimizer step.
+# verl's update takes micro-batches of at most ``max_token_len`` real tokens: the whole tiny batch (about 700
+# tokens) in one, so that its per-call costs are paid once; 512 at 10m, where the arithmetic dominates and
+# micro-batches of rows of similar length carry little padding (measured on 2 cores: the update took 1.1 s against
+# 2.0 s as one micro-batch of 64 padded rows; 256 and 1024 tokens gave 1.15 s and 1.39 s).
+SIZE_DEFAULTS: dict[str, dict[str, float]] = {
+    "tiny": {"response_length": 8, "steps": 12, "rounds": 4, "lr": 3e-3, "max_token_len": 4096},
+    "10m": {"response_length": 64, "steps": 6, "rounds": 2, "lr": 1e-6, "max_token_len": 512},
+}
+
+# The 10m model's shape (vocabulary and special tokens come from the tiny model).
+MODEL_10M = {
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
 
 
 def write_prompts(path: Path, num_prompts: int, seed: int) -> None:
@@ -46,10 +109,85 @@ def write_prompts(path: Path, num_prompts: int, seed: int) -> None:
     pd.DataFrame(rows).to_parquet(path)
 
 
+def write_10m_model(out_dir: Path, seed: int = 0) -> Path:
+    """Write the ~9.5M-parameter Qwen2 model (seeded random init, fp32, safetensors) with the tiny tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from verl.models.loading import load_hf_config, resolve_model_path
+
+    tiny_dir = Path(resolve_model_path(None))
+    tiny = load_hf_config(tiny_dir)
+    config = Qwen2Config(
+        **MODEL_10M,
+        vocab_size=tiny.vocab_size,
+        bos_token_id=tiny.bos_token_id,
+        eos_token_id=tiny.eos_token_id,
+        pad_token_id=tiny.pad_token_id,
+        rms_norm_eps=tiny.rms_norm_eps,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).float()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for file in tiny_dir.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens_map", "vocab", "merges")):
+            shutil.copy2(file, out_dir / file.name)
+    return out_dir
+
+
+def model_dir(size: str, workdir: Path) -> Path:
+    from verl.models.loading import resolve_model_path
+
+    if size == "tiny":
+        return Path(resolve_model_path(None))
+    return write_10m_model(workdir / f"model_{size}")
+
+
+def count_parameters(path: Path) -> int:
+    import torch
+
+    from verl.models.loading import load_hf_causal_lm
+
+    return common.num_parameters(load_hf_causal_lm(path, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+def run_process(name: str, command: list[str], log_stem: Path, timeout_s: float) -> tuple[int, float, str]:
+    """Run ``command`` with stdout/stderr to files; its exit code, its peak RSS (GiB, ``wait4``) and its stdout.
+
+    On timeout the child's whole process group is killed (the exit code is then negative).
+    """
+    stdout_path, stderr_path = log_stem.with_suffix(".out"), log_stem.with_suffix(".err")
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(command, cwd=common.REPO_ROOT, stdout=out, stderr=err, start_new_session=True)
+        timer = threading.Timer(timeout_s, lambda: _kill_group(proc.pid))
+        timer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here; Popen must not wait again
+    stdout = stdout_path.read_text(errors="replace")
+    if proc.returncode != 0:
+        tail = (stdout + stderr_path.read_text(errors="replace"))[-3000:]
+        raise RuntimeError(f"{name} run failed (exit {proc.returncode}; logs {log_stem}.*):\n{tail}")
+    return proc.returncode, usage.ru_maxrss / 2**20, stdout  # ru_maxrss is KiB on Linux
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 # ---------------------------------------------------------------------------------------------- verl
 
 
-def verl_overrides(args, data_file: Path, log_dir: Path) -> list[str]:
+def verl_overrides(args, model_path: Path, data_file: Path, log_dir: Path) -> list[str]:
     num_samples = args.prompts_per_step * args.group_size
     actor = "actor_rollout_ref.actor"
     return [
@@ -57,6 +195,8 @@ def verl_overrides(args, data_file: Path, log_dir: Path) -> list[str]:
         f"data.train_batch_size={args.prompts_per_step}",
         f"data.max_prompt_length={args.max_prompt_length}",
         f"data.max_response_length={args.response_length}",
+        f"actor_rollout_ref.model.path={model_path}",
+        f"actor_rollout_ref.model.tokenizer_path={model_path}",
         f"actor_rollout_ref.rollout.n={args.group_size}",
         f"actor_rollout_ref.rollout.name={args.rollout}",
         "actor_rollout_ref.rollout.temperature=1.0",
@@ -64,7 +204,10 @@ def verl_overrides(args, data_file: Path, log_dir: Path) -> list[str]:
         f"{actor}.dtype={args.dtype}",
         f"{actor}.ppo_mini_batch_size={args.prompts_per_step}",
         f"{actor}.ppo_micro_batch_size_per_gpu={num_samples}",
-        f"{actor}.log_prob_micro_batch_size_per_gpu={num_samples}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={num_samples}",
+        # micro-batches by a budget of real tokens, cut from length-sorted rows (see verl.utils.micro_batching)
+        f"{actor}.use_dynamic_bsz=true",
+        f"{actor}.ppo_max_token_len_per_gpu={args.max_token_len}",
         f"{actor}.optim.lr={args.lr}",
         f"{actor}.optim.clip_grad={args.max_grad_norm}",
         f"{actor}.optim.weight_decay=0.0",
@@ -88,19 +231,37 @@ def verl_overrides(args, data_file: Path, log_dir: Path) -> list[str]:
     ]
 
 
-def run_verl(args, data_file: Path, workdir: Path) -> tuple[list[float], dict[str, float]]:
-    """Step times (s) of one verl run, and its median phase times (``timing_s/*``), from its metrics.jsonl."""
+def run_verl(args, model_path: Path, data_file: Path, workdir: Path) -> dict[str, Any]:
+    """One verl run: its step times, median phase times and token counts (from metrics.jsonl), and peak RSS."""
     log_dir = workdir / f"verl_{time.monotonic_ns()}"
-    command = [sys.executable, "-m", "verl.trainer.main_ppo", *verl_overrides(args, data_file, log_dir)]
-    proc = subprocess.run(command, cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=args.timeout_s)
+    log_dir.mkdir()
+    overrides = verl_overrides(args, model_path, data_file, log_dir)
+    command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+    _, driver_rss_gb, _ = run_process("verl", command, log_dir / "driver", args.timeout_s)
     files = sorted(log_dir.rglob("metrics.jsonl"))
-    if proc.returncode != 0 or not files:
-        raise RuntimeError(f"verl run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    if not files:
+        raise RuntimeError(f"verl run wrote no metrics.jsonl under {log_dir}")
     records = [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
     steps = [r for r in records if "timing_s/step" in r]
     measured = steps[args.warmup_steps :] or steps
     phases = {k: common.median([float(r[k]) for r in measured if k in r]) for k in measured[0] if "timing_s/" in k}
-    return [float(r["timing_s/step"]) for r in steps], phases
+    worker_rss = [float(r["perf/cpu_peak_rss_gb"]) for r in steps if "perf/cpu_peak_rss_gb" in r]
+    worker_rss_gb = max(worker_rss) if worker_rss else None
+    return {
+        "step_times": [float(r["timing_s/step"]) for r in steps],
+        "response_lengths": [float(r["response_length/mean"]) for r in steps if "response_length/mean" in r],
+        "phases_s": phases,
+        "num_tokens": _median_of(measured, "perf/num_tokens"),
+        "response_length_mean": _median_of(measured, "response_length/mean"),
+        "driver_peak_rss_gb": driver_rss_gb,
+        "worker_peak_rss_gb": worker_rss_gb,
+        "peak_rss_gb": driver_rss_gb + (worker_rss_gb or 0.0),
+    }
+
+
+def _median_of(records: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in records if key in r]
+    return common.median(values) if values else None
 
 
 # ---------------------------------------------------------------------------------------------- TRL
@@ -118,8 +279,8 @@ def trl_child(args) -> int:
     from verl.utils.reward_score import tiny_task
 
     dataset = Dataset.from_pandas(pd.read_parquet(args.trl_child)[["prompt", "ground_truth"]])
-    tokenizer = load_tokenizer()
-    model = load_hf_causal_lm(dtype=torch.float32)
+    tokenizer = load_tokenizer(args.model_path)
+    model = load_hf_causal_lm(args.model_path, dtype=torch.float32)
 
     def reward(completions, ground_truth, **_):
         return [tiny_task.compute_score(c, g) for c, g in zip(completions, ground_truth, strict=True)]
@@ -127,7 +288,12 @@ def trl_child(args) -> int:
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times: list[float] = []
+            self.completion_lengths: list[float] = []  # mean completion tokens of each step, as TRL logs it
             self._start = 0.0
+
+        def on_log(self, *_, logs=None, **__):
+            if logs and "completions/mean_length" in logs:
+                self.completion_lengths.append(float(logs["completions/mean_length"]))
 
         def on_step_begin(self, *_, **__):
             common.synchronize()
@@ -175,58 +341,217 @@ def trl_child(args) -> int:
         )
         trainer.train()
     print("STEP_TIMES " + json.dumps(timer.times), flush=True)
+    print("COMPLETION_LENGTHS " + json.dumps(timer.completion_lengths), flush=True)
     return 0
 
 
-def run_trl(args, data_file: Path) -> tuple[list[float], dict[str, float]]:
-    command = [sys.executable, __file__, "--trl-child", str(data_file), *child_flags(args)]
-    proc = subprocess.run(command, cwd=common.REPO_ROOT, capture_output=True, text=True, timeout=args.timeout_s)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("STEP_TIMES ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"TRL run failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
-    return json.loads(lines[-1].removeprefix("STEP_TIMES ")), {}
+def run_trl(args, model_path: Path, data_file: Path, workdir: Path) -> dict[str, Any]:
+    """One TRL run (a subprocess): its step times and its peak RSS."""
+    flags = [f"--{n.replace('_', '-')}={getattr(args, n)}" for n in CHILD_FLAGS]
+    command = [sys.executable, __file__, "--trl-child", str(data_file), f"--model-path={model_path}", *flags]
+    _, rss_gb, stdout = run_process("TRL", command, workdir / f"trl_{time.monotonic_ns()}", args.timeout_s)
+    lines = [line for line in stdout.splitlines() if line.startswith("STEP_TIMES ")]
+    if not lines:
+        raise RuntimeError(f"TRL run printed no STEP_TIMES line:\n{stdout[-3000:]}")
+    lengths = [line for line in stdout.splitlines() if line.startswith("COMPLETION_LENGTHS ")]
+    completion_lengths = json.loads(lengths[-1].removeprefix("COMPLETION_LENGTHS ")) if lengths else []
+    measured = completion_lengths[args.warmup_steps :] or completion_lengths
+    return {
+        "step_times": json.loads(lines[-1].removeprefix("STEP_TIMES ")),
+        "peak_rss_gb": rss_gb,
+        "response_length_mean": common.median(measured) if measured else None,
+        "response_lengths": completion_lengths,
+    }
 
 
-def child_flags(args) -> list[str]:
-    names = ["steps", "prompts_per_step", "group_size", "response_length", "lr", "max_grad_norm", "clip_ratio"]
-    flags = [f"--{n.replace('_', '-')}={getattr(args, n)}" for n in names]
-    return [*flags, f"--dtype={args.dtype}", f"--device={args.device}"]
+CHILD_FLAGS = [
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "response_length",
+    "lr",
+    "max_grad_norm",
+    "clip_ratio",
+    "dtype",
+    "device",
+]
+
+
+# ---------------------------------------------------------------------------------------------- one size
+
+
+def size_args(args, size: str) -> argparse.Namespace:
+    """``args`` with this size's steps, rounds and response length in the plain fields."""
+    run = argparse.Namespace(**vars(args))
+    for field in SIZE_DEFAULTS[size]:
+        setattr(run, field, getattr(args, f"{field}_{size}"))
+    return run
+
+
+def summarise_run(name: str, result: dict[str, Any], num_warmup: int, num_samples: int) -> dict[str, Any]:
+    measured = result["step_times"][num_warmup:]
+    if not measured:
+        raise RuntimeError(f"{name}: {len(result['step_times'])} step(s), none left after {num_warmup} warm-up")
+    step_s = common.median(measured)
+    return {"trainer": name, "step_s": step_s, "samples_per_second": num_samples / step_s, **result}
+
+
+def phase_shares(
+    num_params: int, num_tokens: float, phases: dict[str, float], verl_step_s: float, trl_step_s: float, rate: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """FLOPs of a step's work (see the module docstring) and each phase's share of the matmul rate."""
+    flops = {"gen": 2.0 * num_params * num_tokens, "update_actor": 6.0 * num_params * num_tokens}
+    if "timing_s/old_log_prob" in phases:
+        flops["old_log_prob"] = 2.0 * num_params * num_tokens
+    step_flops = sum(flops.values())
+    trl_flops = flops["gen"] + flops["update_actor"]
+    shares = {
+        f"verl_{phase}": work / (phases[f"timing_s/{phase}"] * rate)
+        for phase, work in flops.items()
+        if f"timing_s/{phase}" in phases
+    }
+    shares["verl_step"] = step_flops / (verl_step_s * rate)
+    shares["trl_step"] = trl_flops / (trl_step_s * rate)
+    return {**flops, "verl_step": step_flops, "trl_step": trl_flops}, shares
+
+
+def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any]:
+    run = size_args(args, size)
+    num_samples = run.prompts_per_step * run.group_size
+    path = model_dir(size, workdir)
+    num_params = count_parameters(path)
+    print(f"[{size}] model {path} ({num_params:,} parameters); measuring the fp32 matmul rate", flush=True)
+    rate = common.matmul_flops_per_second()
+    rows = []
+    for round_index in range(run.rounds):
+        order = ["verl", "trl"] if round_index % 2 == 0 else ["trl", "verl"]
+        for name in order:
+            start = time.perf_counter()
+            load_before = os.getloadavg()[0]
+            runner = run_verl if name == "verl" else run_trl
+            row = summarise_run(name, runner(run, path, data_file, workdir), run.warmup_steps, num_samples)
+            row.update(round=round_index, process_wall_s=time.perf_counter() - start)
+            row.update(load_1m_before=load_before, load_1m_after=os.getloadavg()[0])
+            rows.append(row)
+            print(
+                f"  [{size}] round {round_index} {name}: {row['step_s'] * 1e3:.1f} ms/step, "
+                f"peak RSS {row['peak_rss_gb']:.2f} GiB",
+                flush=True,
+            )
+
+    def of(trainer: str) -> list[dict[str, Any]]:
+        return [r for r in rows if r["trainer"] == trainer]
+
+    ratios = []
+    for round_index in range(run.rounds):
+        by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
+        ratios.append(by_name["verl"]["samples_per_second"] / by_name["trl"]["samples_per_second"])
+    verl_step_s = common.median([r["step_s"] for r in of("verl")])
+    trl_step_s = common.median([r["step_s"] for r in of("trl")])
+    verl_phases = [r["phases_s"] for r in of("verl")]
+    phase_medians = {k: common.median([p[k] for p in verl_phases if k in p]) for k in verl_phases[0]}
+    tokens = [r["num_tokens"] for r in of("verl") if r["num_tokens"] is not None]
+    num_tokens = common.median(tokens) if tokens else None
+    flops, shares = {}, {}
+    if num_tokens is not None:
+        flops, shares = phase_shares(num_params, num_tokens, phase_medians, verl_step_s, trl_step_s, rate)
+    response_lengths = [r["response_length_mean"] for r in of("verl") if r["response_length_mean"] is not None]
+    trl_lengths = [r["response_length_mean"] for r in of("trl") if r.get("response_length_mean") is not None]
+    worker_rss = [r["worker_peak_rss_gb"] for r in of("verl") if r["worker_peak_rss_gb"] is not None]
+    result = {
+        "throughput_ratio": common.median(ratios),
+        "ratios_per_round": ratios,
+        "ratio_spread": {
+            "min": min(ratios),
+            "max": max(ratios),
+            "half_iqr_over_median": _finite(common.spread(ratios)),
+        },
+        "verl_step_s_median": verl_step_s,
+        "trl_step_s_median": trl_step_s,
+        "verl_peak_rss_gb": max(r["peak_rss_gb"] for r in of("verl")),
+        "verl_driver_peak_rss_gb": max(r["driver_peak_rss_gb"] for r in of("verl")),
+        "verl_worker_peak_rss_gb": max(worker_rss) if worker_rss else None,
+        "trl_peak_rss_gb": max(r["peak_rss_gb"] for r in of("trl")),
+        "matmul_flops_per_second": rate,
+        "num_parameters": num_params,
+        "model": {"path": "verl/models/tiny"} if size == "tiny" else {"shape": MODEL_10M, "seed": 0},
+        "settings": {field: getattr(run, field) for field in SIZE_DEFAULTS[size]},
+        "num_tokens_per_step_median": num_tokens,
+        "response_length_mean_median": common.median(response_lengths) if response_lengths else None,
+        # the same work needs the same response lengths: TRL's own mean completion length, for comparison
+        "trl_completion_length_mean_median": common.median(trl_lengths) if trl_lengths else None,
+        "flops_per_step": flops,
+        "shares_of_matmul_rate": shares,
+        "verl_phase_medians_s": phase_medians,
+        "rows": rows,
+    }
+    print_size(size, run, result)
+    return result
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value else None  # NaN (too few rounds) -> null in the JSON
+
+
+def print_size(size: str, run, result: dict[str, Any]) -> None:
+    columns = ["round", "trainer", "step_s", "samples_per_second", "peak_rss_gb", "process_wall_s", "load_1m_before"]
+    print(f"\n== {size}: {result['num_parameters']:,} parameters, response length {run.response_length}")
+    print(common.format_table(result["rows"], columns))
+    phases = result["verl_phase_medians_s"]
+    print("verl phase medians (s): " + ", ".join(f"{k.removeprefix('timing_s/')}={v:.4f}" for k, v in phases.items()))
+    shares = ", ".join(f"{k}={v:.1%}" for k, v in result["shares_of_matmul_rate"].items()) or "n/a (no perf/num_tokens)"
+    verl_length, trl_length = result["response_length_mean_median"], result["trl_completion_length_mean_median"]
+    if verl_length is not None and trl_length is not None:
+        print(f"[{size}] mean response tokens: verl {verl_length:.1f}, TRL {trl_length:.1f}")
+    worker = result["verl_worker_peak_rss_gb"]
+    worker_text = f"{worker:.2f}" if worker is not None else "n/a"
+    print(
+        f"[{size}] verl/TRL throughput {result['throughput_ratio']:.3f} (median of {len(result['ratios_per_round'])}"
+        f" rounds, {result['ratio_spread']['min']:.3f}..{result['ratio_spread']['max']:.3f}); step "
+        f"verl {result['verl_step_s_median']:.4f} s, TRL {result['trl_step_s_median']:.4f} s; peak RSS verl "
+        f"{result['verl_peak_rss_gb']:.2f} GiB (driver {result['verl_driver_peak_rss_gb']:.2f} + worker "
+        f"{worker_text}), TRL {result['trl_peak_rss_gb']:.2f} GiB; matmul "
+        f"{result['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s; share of it: {shares}",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 
-def summarise_round(name: str, step_times: list[float], num_warmup: int, num_samples: int) -> dict[str, Any]:
-    measured = step_times[num_warmup:]
-    if not measured:
-        raise RuntimeError(f"{name}: {len(step_times)} step(s), none left after {num_warmup} warm-up step(s)")
-    step_s = common.median(measured)
-    return {"trainer": name, "step_s": step_s, "samples_per_second": num_samples / step_s, "step_times": step_times}
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=4, help="verl/TRL run pairs (order flips every round)")
-    parser.add_argument("--steps", type=int, default=12, help="training steps per run")
+    parser.add_argument("--sizes", default="tiny,10m", help=f"comma list of model sizes from {list(SIZE_DEFAULTS)}")
+    for size, defaults in SIZE_DEFAULTS.items():
+        for field, value in defaults.items():
+            parser.add_argument(f"--{field.replace('_', '-')}-{size}", type=type(value), default=value)
     parser.add_argument("--warmup-steps", type=int, default=2, help="first steps of a run left out")
     parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=4, help="samples per prompt (GRPO group)")
-    parser.add_argument("--response-length", type=int, default=8)
     parser.add_argument("--max-prompt-length", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--clip-ratio", type=float, default=0.2)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument(
         "--rollout",
-        default="hf",
+        default="naive",
         choices=["hf", "naive"],
-        help="verl's rollout: hf (transformers generate with a KV cache, the engine TRL uses) or naive",
+        help="verl's rollout: naive (the project's default) or hf (transformers generate, the engine TRL uses)",
     )
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit of one trainer run")
+    # The TRL child's own settings (one size's values, passed down by run_trl).
     parser.add_argument("--trl-child", default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    parser.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--response-length", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--lr", type=float, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [s for s in args.sizes if s not in SIZE_DEFAULTS]
+    if unknown or not args.sizes:
+        parser.error(f"--sizes: unknown {unknown}; choose from {list(SIZE_DEFAULTS)}")
+    return args
 
 
 def _cuda() -> bool:
@@ -244,46 +569,24 @@ def main(argv=None) -> int:
         raise SystemExit("--dtype float16 needs --device cuda: TRL (accelerate) has no fp16 mixed precision on CPU.")
     import trl
 
-    num_samples = args.prompts_per_step * args.group_size
-    rows = []
+    child_only = {"trl_child", "model_path", "steps", "response_length"}
+    payload: dict[str, Any] = {
+        "settings": {k: v for k, v in vars(args).items() if k not in child_only},
+        "trl_version": trl.__version__,
+    }
+    per_size = {}
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl_") as tmp:
         workdir = Path(tmp)
         data_file = workdir / "prompts.parquet"
-        write_prompts(data_file, num_prompts=max(args.steps * args.prompts_per_step * 2, 256), seed=1)
-        for round_index in range(args.rounds):
-            order = ["verl", "trl"] if round_index % 2 == 0 else ["trl", "verl"]
-            for name in order:
-                start = time.perf_counter()
-                load_before = os.getloadavg()[0]
-                times, phases = run_verl(args, data_file, workdir) if name == "verl" else run_trl(args, data_file)
-                row = summarise_round(name, times, args.warmup_steps, num_samples)
-                row.update(round=round_index, process_wall_s=time.perf_counter() - start, phases_s=phases)
-                row.update(load_1m_before=load_before, load_1m_after=os.getloadavg()[0])
-                rows.append(row)
-                print(f"  round {round_index} {name}: {row['step_s'] * 1e3:.1f} ms/step", flush=True)
-    ratios = []
-    for round_index in range(args.rounds):
-        by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
-        ratios.append(by_name["verl"]["samples_per_second"] / by_name["trl"]["samples_per_second"])
-    columns = ["round", "trainer", "step_s", "samples_per_second", "process_wall_s", "load_1m_before", "load_1m_after"]
-    print(common.format_table(rows, columns))
-    pooled = {n: common.median([r["samples_per_second"] for r in rows if r["trainer"] == n]) for n in ("verl", "trl")}
-    verl_phases = [r["phases_s"] for r in rows if r["trainer"] == "verl"]
-    phase_medians = {k: common.median([p[k] for p in verl_phases if k in p]) for k in verl_phases[0]}
-    print(
-        "verl phase medians (s): "
-        + ", ".join(f"{k.removeprefix('timing_s/')}={v:.4f}" for k, v in phase_medians.items())
-    )
-    print(f"verl / TRL throughput (median over {args.rounds} rounds): {common.median(ratios):.3f}")
-    payload = {
-        "settings": {k: v for k, v in vars(args).items() if k != "trl_child"},
-        "trl_version": trl.__version__,
-        "throughput_ratio_verl_over_trl": common.median(ratios),
-        "ratios_per_round": ratios,
-        "throughput_ratio_pooled_medians": pooled["verl"] / pooled["trl"],
-        "verl_phase_medians_s": phase_medians,
-        "rows": rows,
-    }
+        max_steps = max(size_args(args, s).steps for s in args.sizes)
+        write_prompts(data_file, num_prompts=max(max_steps * args.prompts_per_step * 2, 256), seed=1)
+        for size in args.sizes:
+            per_size[size] = bench_size(args, size, data_file, workdir)
+            payload[f"throughput_ratio_{size}"] = per_size[size]["throughput_ratio"]
+    payload["per_size"] = per_size
+    print()
+    for size, result in per_size.items():
+        print(f"verl / TRL throughput, {size}: {result['throughput_ratio']:.3f}")
     print(f"wrote {common.write_results('bench_vs_trl', payload)}")
     return 0
 

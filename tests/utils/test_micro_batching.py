@@ -3,7 +3,7 @@
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.micro_batching import split_micro_batches, token_budget_bounds
+from verl.utils.micro_batching import sort_by_length, split_micro_batches, token_budget_bounds
 from verl.workers.config.roles import MicroBatching
 
 
@@ -29,3 +29,29 @@ def test_split_keeps_order_and_every_row():
     assert [m.batch["row"].tolist() for m in by_tokens] == [[0, 1], [2, 3], [4]]
     by_count = split_micro_batches(batch, MicroBatching(size=2, use_dynamic_bsz=False, max_token_len=9))
     assert [len(m) for m in by_count] == [2, 2, 1]  # the budget is unused without use_dynamic_bsz
+
+
+def test_sort_by_length_is_stable_and_restorable():
+    # real tokens per row: 3, 1, 3, 2 -> sorted rows 1, 3, 0, 2 (rows 0 and 2 tie and keep their order)
+    mask = torch.tensor([[1, 1, 1], [0, 0, 1], [1, 1, 1], [0, 1, 1]])
+    data = DataProto.from_dict({"attention_mask": mask, "row": torch.arange(4)}, {"uid": ["a", "b", "c", "d"]})
+    by_length, restore = sort_by_length(data)
+    assert by_length.batch["row"].tolist() == [1, 3, 0, 2] and list(by_length.non_tensor_batch["uid"]) == list("bdac")
+    assert torch.equal(by_length.batch["row"][restore], torch.arange(4))
+    assert data.batch["row"].tolist() == [0, 1, 2, 3]  # the input is left as it was
+
+
+def test_log_probs_come_back_in_the_batch_order_from_length_sorted_micro_batches():
+    from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+    from verl.workers.actor.dp_actor import build_dp_actor
+
+    actor = build_dp_actor(actor_config(), tiny_qwen2(seed=0), total_training_steps=10)
+    batch = ppo_batch(num_samples=6)
+    # rows end after 6, 1, 4, 2, 5 and 3 response tokens: every micro-batch of 2 sorted rows trims differently
+    for row, keep in enumerate([6, 1, 4, 2, 5, 3]):
+        prompt_length = batch.batch["prompts"].shape[1]
+        batch.batch["attention_mask"][row, prompt_length + keep :] = 0
+    whole, _ = actor.compute_log_prob(batch)
+    split, _ = actor.compute_log_prob(batch, MicroBatching(size=2, use_dynamic_bsz=False, max_token_len=0))
+    mask = batch.batch["attention_mask"][:, -whole.shape[1] :].bool()
+    torch.testing.assert_close(split[mask], whole[mask], atol=1e-5, rtol=0)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from verl.protocol import DataProto
 
 if TYPE_CHECKING:
@@ -44,3 +46,21 @@ def split_micro_batches(data: DataProto, batching: MicroBatching) -> list[DataPr
         return data.split(batching.size)
     num_tokens = data.batch["attention_mask"].sum(dim=-1).tolist()
     return [data[start:end] for start, end in token_budget_bounds(num_tokens, batching.max_token_len)]
+
+
+def sort_by_length(data: DataProto) -> tuple[DataProto, torch.Tensor]:
+    """The rows of ``data`` from the fewest real (attention-mask) tokens to the most, and the way back.
+
+    Micro-batches cut from sorted rows hold samples of similar length, so a forward pass that drops the columns that
+    are padding in every row of its micro-batch (``verl.utils.padding_free.trim_padding_columns``) drops most of
+    the padding: with responses of 1 to 64 tokens, four micro-batches of 16 sorted rows carry about a third fewer
+    columns than one of 64. Which rows share a micro-batch changes no gradient: the update weights each
+    micro-batch by its share of the tokens or sequences (``UpdateLoop._micro_batch_weight``).
+
+    Returns:
+        ``(sorted_data, restore)``: a new DataProto (the sort is stable) and the index with
+        ``per_row_output_of_sorted[restore]`` in ``data``'s row order.
+    """
+    lengths = data.batch["attention_mask"].sum(dim=-1)
+    order = torch.sort(lengths, stable=True).indices
+    return data.select_idxs(order), torch.argsort(order)

@@ -14,7 +14,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from verl.utils.micro_batching import split_micro_batches
+from verl.utils.micro_batching import sort_by_length, split_micro_batches
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import compute_response_log_probs, masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
@@ -90,12 +90,14 @@ class BasePPOActor(UpdateLoop):
         if micro_batching is None:
             micro_batching = MicroBatching(size=max(len(data), 1), use_dynamic_bsz=False, max_token_len=0)
         log_probs, entropies = [], []
-        for micro in split_micro_batches(data.select(batch_keys=LOG_PROB_KEYS), micro_batching):
+        by_length, restore = sort_by_length(data.select(batch_keys=LOG_PROB_KEYS))
+        for micro in split_micro_batches(by_length, micro_batching):
             log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
             log_probs.append(log_prob.float())
             if calculate_entropy:
                 entropies.append(entropy.float())
-        return torch.cat(log_probs), (torch.cat(entropies) if calculate_entropy else None)
+        entropy = torch.cat(entropies)[restore] if calculate_entropy else None
+        return torch.cat(log_probs)[restore], entropy
 
     # ------------------------------------------------------------------ the loss
 
