@@ -13,8 +13,7 @@ per step. ``--sizes`` picks the models, run one after the other:
   rate 1e-6, so that neither trainer's policy moves away from the random model's response lengths within the run
   (both trainers' mean response lengths are reported, to show that they did the same work); verl updates in
   micro-batches of at most 512 real tokens (``use_dynamic_bsz``, cut from length-sorted rows). TRL computes the
-  batch as one (``per_device_train_batch_size`` = the batch, no gradient accumulation, its fastest setting here:
-  it also generates per micro-batch).
+  batch as one (``per_device_train_batch_size`` = the batch, no gradient accumulation).
 
 verl loads the directory through ``actor_rollout_ref.model.path`` (and ``tokenizer_path``), TRL through
 ``verl.models.loading.load_hf_causal_lm`` / ``load_tokenizer``. verl generates with ``--rollout`` (default

@@ -106,3 +106,30 @@ def test_state_dict_round_trips_the_loss_scale():
     assert restored.get_loss_scale() == 4.0
     _backward(restored, weight_restored, [1.0, 0.0])
     assert torch.equal(weight_restored.grad, torch.tensor([4.0, 0.0]))  # the next backward uses the restored scale
+
+
+def test_plain_parameters_get_the_fused_adamw_step_with_the_same_result():
+    from verl.utils.amp_optimizer import build_amp_optimizer
+
+    def trained(fused_allowed: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 4)
+        optimizer, _ = build_amp_optimizer(
+            layer.parameters(), optim_section(lr=0.1), dtype=torch.float32, total_training_steps=10
+        )
+        optimizer.optimizer.defaults["fused"] = fused_allowed
+        for group in optimizer.optimizer.param_groups:
+            group["fused"] = fused_allowed
+        for _ in range(3):
+            optimizer.zero_grad()
+            optimizer.backward(layer(torch.ones(2, 8)).pow(2).sum())
+            optimizer.step()
+        return layer.weight.detach().clone()
+
+    torch.manual_seed(0)
+    optimizer, _ = build_amp_optimizer(
+        torch.nn.Linear(8, 4).parameters(), optim_section(), dtype=torch.float32, total_training_steps=10
+    )
+    assert optimizer.optimizer.param_groups[0]["fused"] is True
+    # one fused kernel or the per-tensor loop: the same AdamW arithmetic, to rounding
+    torch.testing.assert_close(trained(True), trained(False), atol=1e-6, rtol=1e-6)
