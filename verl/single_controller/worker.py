@@ -45,20 +45,34 @@ def find_free_port(host: str = DEFAULT_MASTER_ADDR) -> int:
         return int(sock.getsockname()[1])
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
+def _env_number(name: str, default, parse, valid, requirement: str, hint: str):
+    """The environment variable ``name`` parsed with ``parse``, ``default`` when unset or empty.
+
+    Raises:
+        ValueError: the value does not parse or fails ``valid``; the message names the variable, what it must be
+            (``requirement``) and who sets it (``hint``).
+    """
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
         value = None
-    if value is None or value < minimum:
-        raise ValueError(
-            f"Environment variable {name}={raw!r} is not an integer >= {minimum}. The worker group sets it; when "
-            f"starting a worker by hand, set {name} to a valid value or leave it unset."
-        )
+    if value is None or not valid(value):
+        raise ValueError(f"Environment variable {name}={raw!r} is not {requirement}; {hint}")
     return value
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    return _env_number(
+        name,
+        default,
+        int,
+        lambda value: value >= minimum,
+        f"an integer >= {minimum}",
+        f"the worker group sets it; when starting a worker by hand, set {name} to a valid value or leave it unset.",
+    )
 
 
 def collective_timeout_s() -> float:
@@ -67,19 +81,14 @@ def collective_timeout_s() -> float:
     Raises:
         ValueError: when the variable is set but not a number > 0.
     """
-    raw = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
-    if raw is None or raw == "":
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise ValueError(
-            f"Environment variable {COLLECTIVE_TIMEOUT_ENV}={raw!r} is not a number of seconds > 0; the worker "
-            "group sets it from its collective_timeout_s argument."
-        )
-    return value
+    return _env_number(
+        COLLECTIVE_TIMEOUT_ENV,
+        DEFAULT_COLLECTIVE_TIMEOUT_S,
+        float,
+        lambda value: value > 0,  # NaN fails too
+        "a number of seconds > 0",
+        "the worker group sets it from its collective_timeout_s argument.",
+    )
 
 
 class Worker:

@@ -64,3 +64,13 @@ def sort_by_length(data: DataProto) -> tuple[DataProto, torch.Tensor]:
     lengths = data.batch["attention_mask"].sum(dim=-1)
     order = torch.sort(lengths, stable=True).indices
     return data.select_idxs(order), torch.argsort(order)
+
+
+def split_by_length(data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], torch.Tensor]:
+    """Micro-batches of ``data`` cut from its length-sorted rows (:func:`sort_by_length`, then
+    :func:`split_micro_batches`), and the index that puts the concatenated per-row outputs back in ``data``'s order.
+
+    What every pass over micro-batches uses: the update, the log-prob passes and the critic's value pass.
+    """
+    by_length, restore = sort_by_length(data)
+    return split_micro_batches(by_length, batching), restore

@@ -119,8 +119,6 @@ class RayPPOTrainer:
         self.global_step = 0
         self.last_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
-        self.use_ref = config.needs_reference
-        self.computes_old_log_prob = config.computes_old_log_prob
         self.roles = ("actor", "critic") if critic_wg is not None else ("actor",)
         # the checkpoint to resume from, chosen and verified by the caller before the workers started
         self.resume_from = resume_from

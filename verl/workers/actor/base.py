@@ -14,7 +14,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from verl.utils.micro_batching import sort_by_length, split_micro_batches
+from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import compute_response_log_probs, masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
@@ -90,8 +90,8 @@ class BasePPOActor(UpdateLoop):
         if micro_batching is None:
             micro_batching = MicroBatching(size=max(len(data), 1), use_dynamic_bsz=False, max_token_len=0)
         log_probs, entropies = [], []
-        by_length, restore = sort_by_length(data.select(batch_keys=LOG_PROB_KEYS))
-        for micro in split_micro_batches(by_length, micro_batching):
+        micro_batches, restore = split_by_length(data.select(batch_keys=LOG_PROB_KEYS), micro_batching)
+        for micro in micro_batches:
             log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
             log_probs.append(log_prob.float())
             if calculate_entropy:

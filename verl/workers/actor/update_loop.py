@@ -26,7 +26,7 @@ import torch
 from verl.protocol import DataProto
 from verl.utils.checkpoint import load_state, load_weights, save_state, save_weights
 from verl.utils.metrics import StepMetrics
-from verl.utils.micro_batching import sort_by_length, split_micro_batches
+from verl.utils.micro_batching import split_by_length
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.config import TrainedModelConfig
 from verl.workers.update_outcome import UpdateOutcome, UpdateOutcomeHandler
@@ -141,8 +141,8 @@ class UpdateLoop(ABC):
         """Forward and backward every micro-batch of ``mini``, accumulating gradients; returns their metrics."""
         self.optimizer.zero_grad()
         all_metrics = []
-        by_length, _ = sort_by_length(mini)  # micro-batches of similar lengths carry little padding
-        for micro in split_micro_batches(by_length, self.micro_batching):
+        micro_batches, _ = split_by_length(mini, self.micro_batching)  # similar lengths: little padding each
+        for micro in micro_batches:
             loss, metrics = self._micro_batch_loss(micro, temperature)
             self.optimizer.backward(loss * self._micro_batch_weight(micro, mini))
             all_metrics.append(metrics)

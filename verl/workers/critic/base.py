@@ -17,7 +17,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_value_loss
-from verl.utils.micro_batching import sort_by_length, split_micro_batches
+from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
@@ -104,8 +104,8 @@ class BasePPOCritic(UpdateLoop):
         has_mask = "response_mask" in data.batch.keys()
         keys = VALUE_KEYS + (["response_mask"] if has_mask else [])
         chunks = []
-        by_length, restore = sort_by_length(data.select(batch_keys=keys))
-        for micro in split_micro_batches(by_length, self.config.forward_micro_batching()):
+        micro_batches, restore = split_by_length(data.select(batch_keys=keys), self.config.forward_micro_batching())
+        for micro in micro_batches:
             values = self._forward_response_values(micro)
             if has_mask:
                 values = values * micro.batch["response_mask"].to(values.dtype)

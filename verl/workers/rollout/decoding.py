@@ -78,16 +78,23 @@ AttentionInterface.register(GROUPED_QUERY_SDPA, grouped_query_sdpa_attention)
 AttentionMaskInterface.register(GROUPED_QUERY_SDPA, sdpa_mask)
 
 
-def last_logits(output: Any, batch_size: int) -> torch.Tensor:
+def last_logits(output: Any, batch_size: int, seq_len: int | None = None) -> torch.Tensor:
     """The last position's logits (B, V) in float32 from a model output (a tensor or a ``ModelOutput``).
 
+    Args:
+        output: (B, S, V) logits, or an object holding them in ``.logits``.
+        batch_size: the B the caller fed.
+        seq_len: the S the output must have, when every position's logits are expected; None accepts any.
+
     Raises:
-        ValueError: the output is not (B, S, V) logits.
+        ValueError: the output is not (B, S, V) logits of that shape; the message says the shape expected.
     """
     logits = getattr(output, "logits", output)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[0] != batch_size:
+    expected = (batch_size,) if seq_len is None else (batch_size, seq_len)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[: len(expected)] != expected:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-        raise ValueError(f"the model must return logits of shape (B, S, V) with B = {batch_size}, got {shape}.")
+        wanted = f"(B, S, V) with B = {batch_size}" if seq_len is None else f"(B, S, V) = {expected} + (V,)"
+        raise ValueError(f"the model must return logits of shape {wanted}, got {shape}.")
     return logits[:, -1, :].float()
 
 
@@ -146,13 +153,7 @@ class RecomputeDecoder(IncrementalDecoder):
 
     def _run(self, attention_mask: torch.Tensor) -> torch.Tensor:
         output = self.logits_fn(self._input_ids, attention_mask, self._position_ids)
-        logits = getattr(output, "logits", output)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != self._input_ids.shape:
-            shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
-            raise ValueError(
-                f"logits_fn must return logits of shape (B, S, V) = {tuple(self._input_ids.shape)} + (V,), got {shape}."
-            )
-        return logits[:, -1, :].float()
+        return last_logits(output, *self._input_ids.shape)
 
     def prefill(self, input_ids, attention_mask, position_ids, max_new_tokens):
         self._input_ids, self._position_ids = input_ids, position_ids

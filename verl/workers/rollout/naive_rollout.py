@@ -140,8 +140,9 @@ class NaiveRollout(BaseRollout):
             params: the sampling options of this call.
 
         Returns:
-            (B*n, L) sampled tokens, L <= R (L < R only when every row has emitted eos; after a row's eos come pad
-            ids), and their (B*n, L) log-probs under the logits they were sampled from.
+            (B*n, L) sampled tokens, L <= R (L < R only when every row has emitted eos), and their (B*n, L)
+            log-probs under the logits they were sampled from. After a row's eos come pad ids, except for the row a
+            finished rank keeps decoding for its peers; the post-processing masks everything after an eos.
         """
         num_rows, device = input_ids.shape[0], input_ids.device
         generator = self._generator(device)
