@@ -24,20 +24,22 @@ cancels. A step's time is the trainer's own: ``timing_s/step`` from verl's ``met
 ``on_step_begin`` and ``on_step_end`` in TRL (generation, reward, advantages, forward/backward, optimizer step); the
 first ``--warmup-steps`` of every run are left out. Throughput is completions per second; the figure of merit of a
 size, ``throughput_ratio_<size>``, is the median over rounds of verl's / TRL's (each round pairs its verl and TRL
-run).
+run). Since the two sample their own responses, whose lengths differ a little, each size also reports the ratio in
+tokens per second (``token_throughput_ratio``: prompt + response tokens per step over the step time).
 
 Peak memory is the resident set (CPU). TRL's is its process's peak (``os.wait4`` on the child). verl's is the
 driver's peak (``os.wait4`` on ``main_ppo``) plus the actor worker's own peak, which the worker logs each step as
 ``perf/cpu_peak_rss_gb`` (max over steps); Ray's own daemons (GCS, raylet, dashboard) are not counted. Linux's
 ``wait4`` reports the largest peak of the child and of any descendant it reaped, never a sum.
 
-Each phase's share of the machine's fp32 matmul rate (``common.matmul_flops_per_second``, measured once per size
-right before its rounds), with N distinct parameters and T real tokens (prompt + response) of a step's batch
-(verl's ``perf/num_tokens``, median over steps and runs): generation ~ 2*N*T (a KV-cached decode's work),
-update ~ 6*N*T, an old-log-prob pass (when verl times one) ~ 2*N*T; a whole step is their sum. Share = FLOPs /
-(median seconds * rate). TRL's step share uses the same generation + update FLOPs at verl's token count (TRL does no
-old-log-prob pass with one update per step) over TRL's own median step time; the two trainers' batches are sampled
-independently, so their real token counts differ a little.
+Each phase's share of the machine's fp32 matmul rate (``common.matmul_flops_per_second``: ``torch.mm``, which is MKL
+on CPU; and again against oneDNN's rate, the kernel verl's linear layers use on CPU, see ``verl.utils.cpu_linear``;
+both measured once per size right before its rounds), with N distinct parameters and T real tokens (prompt +
+response) of a step's batch (verl's ``perf/num_tokens``, median over steps and runs): generation ~ 2*N*T (a
+KV-cached decode's work), update ~ 6*N*T, an old-log-prob pass (when verl times one) ~ 2*N*T; a whole step is their
+sum. Share = FLOPs / (median seconds * rate). TRL's step share uses the same generation + update FLOPs at verl's
+token count (TRL does no old-log-prob pass with one update per step) over TRL's own median step time; the two
+trainers' batches are sampled independently, so their real token counts differ a little.
 
 TRL lives in its own virtual environment so that it can never change the project's ``transformers`` (the project's
 ``.venv`` has no TRL):
@@ -66,6 +68,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+
+from verl.utils.cpu_linear import onednn_available  # noqa: E402
 
 # Per-size defaults; each is overridable as --<field>-<size> (e.g. --steps-10m 8).
 # The 10m model starts from random weights, and at the tiny model's learning rate its policy moves within a few
@@ -421,6 +425,7 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
     num_params = count_parameters(path)
     print(f"[{size}] model {path} ({num_params:,} parameters); measuring the fp32 matmul rate", flush=True)
     rate = common.matmul_flops_per_second()
+    onednn_rate = common.matmul_flops_per_second(kernel="onednn") if onednn_available() else None
     rows = []
     for round_index in range(run.rounds):
         order = ["verl", "trl"] if round_index % 2 == 0 else ["trl", "verl"]
@@ -445,15 +450,18 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
     for round_index in range(run.rounds):
         by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
         ratios.append(by_name["verl"]["samples_per_second"] / by_name["trl"]["samples_per_second"])
+    token_ratios = token_throughput_ratios(rows, run.rounds, num_samples)
     verl_step_s = common.median([r["step_s"] for r in of("verl")])
     trl_step_s = common.median([r["step_s"] for r in of("trl")])
     verl_phases = [r["phases_s"] for r in of("verl")]
     phase_medians = {k: common.median([p[k] for p in verl_phases if k in p]) for k in verl_phases[0]}
     tokens = [r["num_tokens"] for r in of("verl") if r["num_tokens"] is not None]
     num_tokens = common.median(tokens) if tokens else None
-    flops, shares = {}, {}
+    flops, shares, onednn_shares = {}, {}, {}
     if num_tokens is not None:
         flops, shares = phase_shares(num_params, num_tokens, phase_medians, verl_step_s, trl_step_s, rate)
+        if onednn_rate is not None:
+            _, onednn_shares = phase_shares(num_params, num_tokens, phase_medians, verl_step_s, trl_step_s, onednn_rate)
     response_lengths = [r["response_length_mean"] for r in of("verl") if r["response_length_mean"] is not None]
     trl_lengths = [r["response_length_mean"] for r in of("trl") if r.get("response_length_mean") is not None]
     worker_rss = [r["worker_peak_rss_gb"] for r in of("verl") if r["worker_peak_rss_gb"] is not None]
@@ -465,6 +473,9 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
             "max": max(ratios),
             "half_iqr_over_median": _finite(common.spread(ratios)),
         },
+        # the same ratio in tokens per second (prompt + response), which credits the trainer with longer responses
+        "token_throughput_ratio": common.median(token_ratios) if token_ratios else None,
+        "token_ratios_per_round": token_ratios,
         "verl_step_s_median": verl_step_s,
         "trl_step_s_median": trl_step_s,
         "verl_peak_rss_gb": max(r["peak_rss_gb"] for r in of("verl")),
@@ -472,6 +483,7 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
         "verl_worker_peak_rss_gb": max(worker_rss) if worker_rss else None,
         "trl_peak_rss_gb": max(r["peak_rss_gb"] for r in of("trl")),
         "matmul_flops_per_second": rate,
+        "matmul_flops_per_second_onednn": onednn_rate,
         "num_parameters": num_params,
         "model": {"path": "verl/models/tiny"} if size == "tiny" else {"shape": MODEL_10M, "seed": 0},
         "settings": {field: getattr(run, field) for field in SIZE_DEFAULTS[size]},
@@ -481,11 +493,30 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
         "trl_completion_length_mean_median": common.median(trl_lengths) if trl_lengths else None,
         "flops_per_step": flops,
         "shares_of_matmul_rate": shares,
+        "shares_of_onednn_matmul_rate": onednn_shares,
         "verl_phase_medians_s": phase_medians,
         "rows": rows,
     }
     print_size(size, run, result)
     return result
+
+
+def token_throughput_ratios(rows: list[dict[str, Any]], num_rounds: int, num_samples: int) -> list[float]:
+    """Per round, verl's tokens per second over TRL's (prompt + response tokens of a step, per step time).
+
+    Both read the same prompts; a sample's prompt tokens are verl's (its real tokens per step less its responses),
+    its response tokens each trainer's own mean. Empty when verl logged no token count.
+    """
+    ratios = []
+    for round_index in range(num_rounds):
+        by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
+        verl, trl = by_name["verl"], by_name["trl"]
+        if verl["num_tokens"] is None or verl["response_length_mean"] is None or trl["response_length_mean"] is None:
+            return []
+        prompt_tokens = verl["num_tokens"] / num_samples - verl["response_length_mean"]
+        trl_tokens = num_samples * (prompt_tokens + trl["response_length_mean"])
+        ratios.append((verl["num_tokens"] / verl["step_s"]) / (trl_tokens / trl["step_s"]))
+    return ratios
 
 
 def _finite(value: float) -> float | None:
@@ -502,6 +533,12 @@ def print_size(size: str, run, result: dict[str, Any]) -> None:
     verl_length, trl_length = result["response_length_mean_median"], result["trl_completion_length_mean_median"]
     if verl_length is not None and trl_length is not None:
         print(f"[{size}] mean response tokens: verl {verl_length:.1f}, TRL {trl_length:.1f}")
+    if result["token_throughput_ratio"] is not None:
+        token_ratios = result["token_ratios_per_round"]
+        print(
+            f"[{size}] verl/TRL tokens per second {result['token_throughput_ratio']:.3f} "
+            f"({min(token_ratios):.3f}..{max(token_ratios):.3f})"
+        )
     worker = result["verl_worker_peak_rss_gb"]
     worker_text = f"{worker:.2f}" if worker is not None else "n/a"
     print(
@@ -513,6 +550,13 @@ def print_size(size: str, run, result: dict[str, Any]) -> None:
         f"{result['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s; share of it: {shares}",
         flush=True,
     )
+    if result["matmul_flops_per_second_onednn"] is not None:
+        onednn = ", ".join(f"{k}={v:.1%}" for k, v in result["shares_of_onednn_matmul_rate"].items())
+        print(
+            f"[{size}] oneDNN's fp32 matmul {result['matmul_flops_per_second_onednn'] / 1e9:.1f} GFLOP/s; share of "
+            f"it: {onednn or 'n/a'}",
+            flush=True,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- main

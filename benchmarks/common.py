@@ -218,19 +218,35 @@ def spread(values: Sequence[float]) -> float:
     return float((quartiles[2] - quartiles[0]) / 2 / statistics.median(values))
 
 
-def matmul_flops_per_second(size: int = 1024, min_seconds: float = 1.0, dtype=torch.float32) -> float:
-    """The machine's measured matmul rate: 2*n^3 FLOPs per ``size`` x ``size`` product, timed in a loop."""
+def matmul_flops_per_second(
+    size: int = 1024, min_seconds: float = 1.0, dtype=torch.float32, kernel: str = "torch"
+) -> float:
+    """The machine's measured matmul rate: 2*n^3 FLOPs per ``size`` x ``size`` product, timed in a loop.
+
+    ``kernel``: ``torch`` times ``a @ b`` (on CPU: MKL's sgemm); ``onednn`` times the oneDNN product that
+    ``verl.utils.cpu_linear`` gives fp32 linear layers on CPU.
+    """
     device = default_device()
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
+    if kernel == "onednn":
+        from verl.utils.cpu_linear import _matmul
+
+        def product():
+            return _matmul(a, b, None)
+    else:
+
+        def product():
+            return a @ b
+
     for _ in range(3):  # warm-up (thread pool, caches, cuBLAS handles)
-        a @ b
+        product()
     num_products = 0
     synchronize()
     start = time.perf_counter()
     while True:
         for _ in range(4):
-            a @ b
+            product()
         num_products += 4
         synchronize()
         elapsed = time.perf_counter() - start

@@ -66,3 +66,25 @@ def test_fp16_reference_log_probs_equal_the_untrained_actor(make_worker):
     actor = worker.compute_log_prob(samples).batch["old_log_probs"]
     assert ref.shape == samples.batch["responses"].shape
     assert torch.equal(ref, actor)
+
+
+def test_the_dp_models_run_their_cpu_linear_layers_on_onednn_unless_switched_off():
+    from verl.utils.cpu_linear import OneDNNLinear
+    from verl.workers.dp_workers import DPActorRolloutRefWorker, DPCriticWorker
+
+    def linear_types(module):
+        return {type(m) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+
+    def build(role_class, *overrides):
+        config = compose_ppo_config(["actor_rollout_ref.actor.dtype=float32", *overrides])
+        worker = role_class(config, total_training_steps=4)
+        worker.init_model()
+        return worker
+
+    worker = build(DPActorRolloutRefWorker, "actor_rollout_ref.actor.use_kl_loss=true")
+    assert linear_types(worker.actor.model_module()) == linear_types(worker.ref.model_module()) == {OneDNNLinear}
+    assert linear_types(build(DPCriticWorker, "algorithm.adv_estimator=gae").critic.critic_module) == {OneDNNLinear}
+    off = build(DPActorRolloutRefWorker, "actor_rollout_ref.model.use_onednn_linear=false")
+    assert linear_types(off.actor.model_module()) == {torch.nn.Linear}
+    critic_off = build(DPCriticWorker, "algorithm.adv_estimator=gae", "critic.model.use_onednn_linear=false")
+    assert linear_types(critic_off.critic.critic_module) == {torch.nn.Linear}

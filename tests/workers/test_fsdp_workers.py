@@ -77,3 +77,20 @@ def test_the_critic_worker_builds_a_sharded_value_model():
     assert type(worker.critic).__name__ == "FSDPPPOCritic"
     assert worker.critic.optimizer.get_loss_scale() == 2.0**32  # fp16 by default, with its own scaler
     assert worker.critic.critic_module.use_remove_padding
+
+
+def test_cpu_linear_layers_run_on_onednn_unless_switched_off():
+    from verl.utils.cpu_linear import OneDNNLinear
+
+    def linear_types(module):
+        return {type(m) for m in module.modules() if isinstance(m, torch.nn.Linear)}
+
+    # by default every linear layer of actor, reference and critic is switched before sharding
+    worker = make_worker("actor_rollout_ref.actor.use_kl_loss=true")
+    assert linear_types(worker.actor.model_module()) == linear_types(worker.ref.model_module()) == {OneDNNLinear}
+    critic = make_worker("algorithm.adv_estimator=gae", role=1)
+    assert linear_types(critic.critic.critic_module) == {OneDNNLinear}
+    off = make_worker("actor_rollout_ref.model.use_onednn_linear=false")
+    assert linear_types(off.actor.model_module()) == {torch.nn.Linear}
+    critic_off = make_worker("algorithm.adv_estimator=gae", "critic.model.use_onednn_linear=false", role=1)
+    assert linear_types(critic_off.critic.critic_module) == {torch.nn.Linear}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from verl.utils.cpu_linear import use_onednn_linear
 from verl.workers.actor.dp_actor import DataParallelPPOActor, build_dp_actor
 from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _process_group
 from verl.workers.config import ActorConfig, CriticConfig
@@ -23,6 +24,8 @@ class DPActorRolloutRefWorker(ActorRolloutRefWorker):
 
         model_config = self.config.actor_rollout_ref.model
         module = load_hf_causal_lm(model_config.path, dtype=torch.float32, device=device)
+        if model_config.use_onednn_linear:
+            use_onednn_linear(module, device)
         if trainable and model_config.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
         return build_dp_actor(

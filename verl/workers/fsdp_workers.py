@@ -92,10 +92,13 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> FSDPPPOActor:
         from verl.models.loading import load_hf_causal_lm
+        from verl.utils.cpu_linear import use_onednn_linear
 
         arr = self.config.actor_rollout_ref
         # in CPU memory: fully_shard moves only this rank's shards to the device
         module = load_hf_causal_lm(arr.model.path, dtype=torch.float32, device="cpu")
+        if arr.model.use_onednn_linear:
+            use_onednn_linear(module, device)
         return build_fsdp_actor(
             actor_config,
             module,

@@ -50,6 +50,29 @@ def hf_logits_fn(model):
     return logits_fn
 
 
+def decoding_prompts():
+    """Four prompts whose positions all start elsewhere (left padding of 3, 1, 0 and 2 tokens)."""
+    return make_prompts([[5, 6], [7, 8, 9, 10], [11, 12, 13, 14, 15], [16, 17, 18]], num_prompt_tokens=5)
+
+
+def step_logits(decoder, prompts, num_steps, drop_after):
+    """Greedy-feed ``decoder`` for ``num_steps`` tokens; after step ``drop_after`` only rows 0, 2 and 3 go on."""
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+    positions = prompts.batch["position_ids"]
+    logits = [decoder.prefill(ids, mask, positions, num_steps)]
+    next_position = positions[:, -1] + 1
+    for step in range(num_steps):
+        tokens = logits[-1].argmax(-1)
+        if step == drop_after:
+            keep = torch.tensor([0, 2, 3])
+            decoder.keep_rows(keep)
+            tokens, mask, next_position = tokens[keep], mask[keep], next_position[keep]
+        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=-1)
+        logits.append(decoder.decode(tokens, mask, next_position))
+        next_position = next_position + 1
+    return logits
+
+
 @pytest.fixture(scope="module")
 def tiny_model():
     return build_tiny_model("qwen2")

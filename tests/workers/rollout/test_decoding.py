@@ -6,37 +6,14 @@ import torch
 from verl.workers.rollout import NaiveRollout
 from verl.workers.rollout.decoding import HFCachedDecoder, PreallocatedCacheLayer, RecomputeDecoder
 
-from .conftest import PAD_ID, hf_logits_fn, make_prompts
-
-
-def _prompts():
-    # left padding of 3, 1 and 0 tokens, and a fourth row of 2: every row's positions start elsewhere
-    return make_prompts([[5, 6], [7, 8, 9, 10], [11, 12, 13, 14, 15], [16, 17, 18]], num_prompt_tokens=5)
-
-
-def _step_logits(decoder, prompts, num_steps, drop_after):
-    """Greedy-feed ``decoder`` for ``num_steps`` tokens; after step ``drop_after`` only rows 0, 2 and 3 go on."""
-    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
-    positions = prompts.batch["position_ids"]
-    logits = [decoder.prefill(ids, mask, positions, num_steps)]
-    next_position = positions[:, -1] + 1
-    for step in range(num_steps):
-        tokens = logits[-1].argmax(-1)
-        if step == drop_after:
-            keep = torch.tensor([0, 2, 3])
-            decoder.keep_rows(keep)
-            tokens, mask, next_position = tokens[keep], mask[keep], next_position[keep]
-        mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=-1)
-        logits.append(decoder.decode(tokens, mask, next_position))
-        next_position = next_position + 1
-    return logits
+from .conftest import PAD_ID, decoding_prompts, hf_logits_fn, make_prompts, step_logits
 
 
 def test_hf_cached_decoder_gives_the_recomputed_logits(tiny_model):
-    prompts = _prompts()
+    prompts = decoding_prompts()
     with torch.no_grad():
-        cached = _step_logits(HFCachedDecoder(tiny_model), prompts, num_steps=6, drop_after=2)
-        full = _step_logits(RecomputeDecoder(hf_logits_fn(tiny_model)), prompts, num_steps=6, drop_after=2)
+        cached = step_logits(HFCachedDecoder(tiny_model), prompts, num_steps=6, drop_after=2)
+        full = step_logits(RecomputeDecoder(hf_logits_fn(tiny_model)), prompts, num_steps=6, drop_after=2)
     assert [c.shape[0] for c in cached] == [4, 4, 4, 3, 3, 3, 3]
     for step, (a, b) in enumerate(zip(cached, full, strict=True)):
         # fp32: the cache changes only the order of additions (~1e-6 on logits of this scale)
@@ -90,10 +67,10 @@ def test_an_sdpa_model_decodes_on_grouped_query_attention_and_gets_its_own_back(
 
     monkeypatch.setitem(AttentionInterface._global_mapping, decoding.GROUPED_QUERY_SDPA, counting)
     tiny_model.config._attn_implementation = "sdpa"
-    prompts = _prompts()
+    prompts = decoding_prompts()
     decoder = HFCachedDecoder(tiny_model)
     with torch.no_grad():
-        _step_logits(decoder, prompts, num_steps=2, drop_after=0)
+        step_logits(decoder, prompts, num_steps=2, drop_after=0)
     assert tiny_model.config._attn_implementation == decoding.GROUPED_QUERY_SDPA
     # 2 layers x (prefill + 2 decode steps); decode queries are one token per row
     assert len(calls) == 6 and calls[-1][2] == 1

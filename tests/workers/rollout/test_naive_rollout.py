@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from verl.workers.rollout import NaiveRollout
+from verl.workers.rollout import NaiveRollout, naive_rollout
+from verl.workers.rollout.naive_rollout import ROW_BUCKET, rows_to_keep
 
 from .conftest import PAD_ID, VOCAB_SIZE, hf_logits_fn, make_prompts
 
@@ -35,7 +36,9 @@ class ScriptedLogits:
         return logits
 
 
-def test_layout_with_eos_at_chosen_step():
+def test_layout_with_eos_at_chosen_step(monkeypatch):
+    # rows leave the batch one by one here (the default lets a few ride along: see the row-bucket tests)
+    monkeypatch.setattr(naive_rollout, "ROW_BUCKET", 1)
     prompts = make_prompts([[5, 6], [7, 8, 9, 10]], num_prompt_tokens=4, non_tensors={"uid": ["a", "b"]})
     # row 0 emits eos at step 1; row 1 never does
     script = ScriptedLogits([[11, EOS, 13, 14, 15], [12, 13, 14, 15, 16]], num_prompt_tokens=4)
@@ -134,3 +137,41 @@ def test_bad_logits_shape_is_reported(prompts):
     rollout = NaiveRollout(lambda ids, mask, pos: torch.zeros(ids.shape[0], VOCAB_SIZE), {"response_length": 2}, 0, 2)
     with pytest.raises(ValueError, match=r"\(B, S, V\)"):
         rollout.generate_sequences(prompts)
+
+
+@pytest.mark.parametrize(
+    "num_finished, expected",
+    [
+        (0, None),  # nothing ended
+        (3, None),  # 17 running rows need 24 > 20: the batch stays
+        (13, [0, 1, 2, 3, 4, 5, 6, 7]),  # 7 running (rows 0-6) + the first finished row ride on as 8
+        (20, [0]),  # all ended: one row keeps the rank in step with its peers
+    ],
+)
+def test_the_batch_shrinks_in_steps_of_eight_rows(num_finished, expected):
+    assert ROW_BUCKET == 8
+    finished = torch.zeros(20, dtype=torch.bool)
+    finished[20 - num_finished :] = True  # the last rows ended
+    keep = rows_to_keep(finished)
+    assert (keep is None and expected is None) or keep.tolist() == expected
+
+
+def test_a_rollout_decodes_on_multiples_of_eight_rows_and_discards_the_riders_tokens():
+    # 12 rows; row b emits eos at step b (rows 0..11), after which its script goes on with token 9
+    num_rows, length = 12, 12
+    script = [[9] * length for _ in range(num_rows)]
+    for row in range(num_rows):
+        script[row][row] = EOS
+    prompts = make_prompts([[3 + row] for row in range(num_rows)], num_prompt_tokens=1)
+    model = ScriptedLogits(script, num_prompt_tokens=1)
+    out = NaiveRollout(model, {"response_length": length, "do_sample": False}, PAD_ID, EOS).generate_sequences(prompts)
+    sizes = [call[0].shape[0] for call in model.calls]
+    # after step s rows 0..s have ended and 11 - s run; the batch is cut when they fit a smaller multiple of 8:
+    # after step 3 (8 running: 12 -> 8), and never to fewer than 8 while one row still runs; the last eos
+    # comes at step 11, so the model ran once per step: prefill + 11 decode steps
+    assert sizes == [12] * 4 + [8] * 8
+    # each row's response is its script up to its eos, then padding: the riders' later tokens are gone
+    for row in range(num_rows):
+        expected = [9] * row + [EOS] + [PAD_ID] * (length - row - 1)
+        assert out.batch["responses"][row].tolist() == expected
+        assert out.batch["response_mask"][row].sum() == row + 1

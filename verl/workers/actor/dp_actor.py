@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from verl.models.llama_decode import LlamaFamilyDecoder, supports_llama_decode
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.utils.padding_free import forward_packed
 from verl.workers.actor.base import BasePPOActor
@@ -64,7 +65,10 @@ class DataParallelPPOActor(BasePPOActor):
         return self.actor_module
 
     def incremental_decoder(self) -> IncrementalDecoder:
-        """A Hugging Face model decodes on its own key/value cache; any other module re-runs the sequence."""
+        """A Hugging Face model decodes on its own key/value cache (Llama-family models on the lean decode step of
+        :mod:`verl.models.llama_decode`); any other module re-runs the sequence."""
+        if supports_llama_decode(self.actor_module):
+            return LlamaFamilyDecoder(self.actor_module, self.autocast)
         if isinstance(self.actor_module, PreTrainedModel):
             return HFCachedDecoder(self.actor_module, self.autocast)
         return super().incremental_decoder()

@@ -50,6 +50,7 @@ class ModelConfig(BaseConfig):
     tokenizer_path: str | None
     enable_gradient_checkpointing: bool
     use_remove_padding: bool
+    use_onednn_linear: bool
 
     def check(self) -> None:
         if not self.path:
@@ -88,6 +89,7 @@ class CriticModelConfig(BaseConfig):
     path: str
     enable_gradient_checkpointing: bool
     use_remove_padding: bool
+    use_onednn_linear: bool
     fsdp_config: FSDPConfig
 
     def check(self) -> None:

@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from verl.utils.amp_optimizer import build_amp_optimizer
+from verl.utils.cpu_linear import use_onednn_linear
 from verl.utils.padding_free import forward_packed
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
@@ -146,6 +147,8 @@ def build_dp_critic(
         module = model_path_or_hf_model.to(device)
     else:
         module = ValueModel.from_pretrained_lm(model_path_or_hf_model, device=device, seed=critic_config.seed)
+    if critic_config.model.use_onednn_linear:
+        use_onednn_linear(module, device)
     optimizer, scheduler = build_amp_optimizer(
         module.parameters(),
         critic_config.optim,

@@ -13,6 +13,7 @@ import logging
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from verl.utils.cpu_linear import use_onednn_linear
 from verl.utils.fsdp_utils import enable_activation_checkpointing
 from verl.workers.actor.fsdp_actor import FSDPUpdateLoopMixin, shard_for_training
 from verl.workers.actor.update_loop import build_loop_parts
@@ -73,6 +74,8 @@ def build_fsdp_critic(
         enable_activation_checkpointing(module.backbone)
     # padding-free passes (critic.model.use_remove_padding); each rank packs its own rows to its own length
     module.use_remove_padding = critic_config.model.use_remove_padding
+    if critic_config.model.use_onednn_linear:
+        use_onednn_linear(module, mesh.device_type)
     optimizer, scheduler = shard_for_training(
         module,
         critic_config,

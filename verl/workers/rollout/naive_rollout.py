@@ -6,12 +6,12 @@ inference context for ``megatron``), so the same sampler drives both backends wi
 ``logits_fn(input_ids, attention_mask, position_ids) -> logits (B, S, V)`` is accepted too and re-run on the whole
 sequence every token (:class:`~verl.workers.rollout.decoding.RecomputeDecoder`).
 
-Each token costs one decoder call on the rows still generating: a row that emits eos leaves the batch (its cache
-rows go with it), so late tokens of a batch with short answers are cheap. Sampling stays on the device; the loop's
-only host sync per token is one small copy of the finished flags, which decides both whether to stop and which rows
-to keep. Over a sharded model (FSDP2), whose every forward pass is a collective, the ranks agree on that stop
-(:meth:`NaiveRollout.synchronize_stop`, folded into the same copy) and a rank whose rows have all ended keeps one
-row going, so that all ranks take the same number of steps.
+Each token costs one decoder call on the rows still generating: rows that emit eos leave the batch (their cache
+rows go with them) in steps of :data:`ROW_BUCKET` rows, so late tokens of a batch with short answers are cheap.
+Sampling stays on the device; the loop's only host sync per token is one small copy of the finished flags, which
+decides both whether to stop and which rows to keep. Over a sharded model (FSDP2), whose every forward pass is a
+collective, the ranks agree on that stop (:meth:`NaiveRollout.synchronize_stop`, folded into the same copy) and a
+rank whose rows have all ended keeps one row going, so that all ranks take the same number of steps.
 """
 
 from __future__ import annotations
@@ -28,7 +28,32 @@ from verl.workers.rollout.decoding import IncrementalDecoder, LogitsFn, Recomput
 from verl.workers.rollout.postprocess import compute_position_ids, is_eos
 from verl.workers.rollout.sampling import sample_next_token, sampled_token_log_probs
 
-__all__ = ["NaiveRollout"]
+__all__ = ["ROW_BUCKET", "NaiveRollout", "rows_to_keep"]
+
+# The decoding batch shrinks in steps of this many rows: a few finished rows ride along until the rows still
+# generating fit a smaller multiple of it. Each step then runs one of few batch shapes (kernels that specialise on
+# shapes, oneDNN's on CPU as CUDA graphs on a GPU, are built once per shape and kept), and the cache is compacted
+# a few times per call instead of at nearly every token.
+ROW_BUCKET = 8
+
+
+def rows_to_keep(finished: torch.Tensor) -> torch.Tensor | None:
+    """The batch rows that go on decoding after this token (sorted), or None when all of them do.
+
+    Args:
+        finished: (B,) bool host tensor, the rows that have emitted eos.
+
+    All unfinished rows stay, padded with finished ones to the next multiple of :data:`ROW_BUCKET`; the batch
+    is cut only when that is smaller than B. When every row has finished one stays (a rank that keeps decoding in
+    step with its peers); the tokens of finished rows are discarded by the post-processing.
+    """
+    num_rows = finished.numel()
+    running = (~finished).nonzero().squeeze(-1)
+    target = max(1, -(-running.numel() // ROW_BUCKET) * ROW_BUCKET)
+    if target >= num_rows:
+        return None
+    riders = finished.nonzero().squeeze(-1)[: target - running.numel()]
+    return torch.cat([running, riders]).sort().values
 
 
 @register_rollout("naive")
@@ -132,7 +157,7 @@ class NaiveRollout(BaseRollout):
     def _generate_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample token by token; rows that emitted eos leave the decoder's batch.
+        """Sample token by token; rows that emitted eos leave the decoder's batch (see :func:`rows_to_keep`).
 
         Args:
             input_ids: (B*n, P) prompt ids, left-padded.
@@ -141,8 +166,9 @@ class NaiveRollout(BaseRollout):
 
         Returns:
             (B*n, L) sampled tokens, L <= R (L < R only when every row has emitted eos), and their (B*n, L)
-            log-probs under the logits they were sampled from. After a row's eos come pad ids, except for the row a
-            finished rank keeps decoding for its peers; the post-processing masks everything after an eos.
+            log-probs under the logits they were sampled from. After a row's eos come pad ids, or the tokens it
+            went on sampling while it rode along in the batch (see :func:`rows_to_keep`); the post-processing
+            masks everything after an eos.
         """
         num_rows, device = input_ids.shape[0], input_ids.device
         generator = self._generator(device)
@@ -166,15 +192,12 @@ class NaiveRollout(BaseRollout):
                 stop, finished_host = self._finished_on_host(finished)
                 if stop:
                     break
-                if finished_host.any():
-                    keep = (~finished_host).nonzero().squeeze(-1)
-                    if keep.numel() == 0:  # this rank is done, its peers are not: keep one row in step with them
-                        keep = keep.new_zeros(1)
-                    if keep.numel() < finished_host.numel():
-                        keep = keep.to(device, non_blocking=True)
-                        self.decoder.keep_rows(keep)
-                        rows, finished, next_tokens = rows[keep], finished[keep], next_tokens[keep]
-                        attention_mask, next_position = attention_mask[keep], next_position[keep]
+                keep = rows_to_keep(finished_host)
+                if keep is not None:
+                    keep = keep.to(device, non_blocking=True)
+                    self.decoder.keep_rows(keep)
+                    rows, finished, next_tokens = rows[keep], finished[keep], next_tokens[keep]
+                    attention_mask, next_position = attention_mask[keep], next_position[keep]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows.shape[0], 1)], dim=-1)
                 logits = self.decoder.decode(next_tokens, attention_mask, next_position)
                 next_position = next_position + 1

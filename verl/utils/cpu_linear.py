@@ -1,0 +1,140 @@
+"""fp32 linear layers on CPU through oneDNN instead of the BLAS that ``torch.mm`` calls.
+
+PyTorch's CPU builds send an fp32 ``F.linear`` to MKL's ``sgemm``. On CPUs where MKL does not pick its fastest
+kernels (AMD EPYC, measured here: ``benchmarks/bench_cpu_linear.py``), the oneDNN library bundled in the same
+build multiplies the same fp32 matrices about twice as fast, forward and backward, at the shapes of a transformer
+layer. :class:`OneDNNLinear` is a ``torch.nn.Linear`` whose forward and backward products go through oneDNN
+(``torch.ops.mkldnn._linear_pointwise``, which takes ordinary strided tensors, so nothing is converted or copied)
+when that is safe and worth it, and through ``F.linear`` otherwise:
+
+- the input and weight are fp32 CPU tensors and CPU autocast is off (fp16/bf16 compute keeps torch's kernels);
+- the product is big enough (:data:`MIN_FLOPS`) that oneDNN's fixed cost per call does not eat the gain.
+
+The arithmetic is full fp32 (oneDNN's default math mode), so results differ from MKL's only in summation order.
+:func:`use_onednn_linear` switches a model's ``nn.Linear`` modules in place: same parameters, same names, same
+``state_dict``; FSDP2 sharding, tied weights and checkpoints are unaffected. The switch is
+``actor_rollout_ref.model.use_onednn_linear`` (and ``critic.model.use_onednn_linear``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "MIN_FLOPS",
+    "PRIMITIVE_CACHE_CAPACITY",
+    "OneDNNLinear",
+    "onednn_available",
+    "onednn_linear",
+    "use_onednn_linear",
+]
+
+logger = logging.getLogger(__name__)
+
+# oneDNN builds and caches one kernel per operand shape, about 0.6-0.8 MB each whatever the model's size (measured on
+# this machine), up to 1024 by default; training micro-batches bring new shapes every step, so the default would
+# grow a process by up to about 800 MB. A bound of 128 holds every shape a step uses (per micro-batch, three per
+# distinct layer size; the rollout's batch shrinks through few shapes, see verl.workers.rollout.naive_rollout).
+PRIMITIVE_CACHE_CAPACITY = 128
+
+# Below this many multiply-adds (rows x in x out) a product stays with F.linear: oneDNN's set-up per call (about
+# 20 us) outweighs its faster arithmetic. Measured by benchmarks/bench_cpu_linear.py (forward + backward): 256 x 64
+# -> 192 (3.1M) ran at 0.83x of F.linear, 8 x 384 -> 2048 (6.3M) at 1.35x, 1318 x 64 -> 192 (16M) at 1.3-1.4x.
+MIN_FLOPS = 1 << 22
+
+
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's strided linear kernel (CPU builds with MKLDNN do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _strided_dense(matrix: torch.Tensor) -> torch.Tensor:
+    """``matrix`` if it is laid out row- or column-major (what oneDNN's fast kernels read), else a contiguous copy.
+
+    Broadcast gradients (a ``sum``'s backward hands on an expanded tensor with zero strides) would otherwise send
+    oneDNN to its reference kernel, orders of magnitude slower.
+    """
+    rows, cols = matrix.shape
+    row_stride, col_stride = matrix.stride()
+    if (col_stride == 1 and row_stride >= cols) or (row_stride == 1 and col_stride >= rows):
+        return matrix
+    return matrix.contiguous()
+
+
+def _matmul(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``inputs @ weight.T + bias`` for 2-D operands in row- or column-major layout (transposes cost no copy)."""
+    return torch.ops.mkldnn._linear_pointwise(_strided_dense(inputs), _strided_dense(weight), bias, "none", [], "")
+
+
+class _OneDNNLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = inputs.reshape(-1, inputs.shape[-1])
+        ctx.save_for_backward(flat, weight)
+        ctx.has_bias = bias is not None
+        return _matmul(flat, weight, bias).view(*inputs.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        flat, weight = ctx.saved_tensors
+        grad = grad_output.reshape(-1, weight.shape[0])
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:  # grad @ W, as a linear with weight W.T (a strided view, no copy)
+            grad_input = _matmul(grad, weight.t(), None).view(*grad_output.shape[:-1], weight.shape[1])
+        if ctx.needs_input_grad[1]:  # grad.T @ x, as a linear of grad.T with weight x.T: contiguous, like the weight
+            grad_weight = _matmul(grad.t(), flat.t(), None)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)
+        return grad_input, grad_weight, grad_bias
+
+
+def _worth_onednn(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
+    if inputs.dtype != torch.float32 or weight.dtype != torch.float32:
+        return False
+    if inputs.device.type != "cpu" or weight.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+        return False
+    rows = inputs.numel() // max(inputs.shape[-1], 1)
+    return rows * weight.shape[0] * weight.shape[1] >= MIN_FLOPS
+
+
+def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` with fp32 CPU products of at least :data:`MIN_FLOPS` done by oneDNN (with autograd)."""
+    if _worth_onednn(inputs, weight):
+        if torch.is_grad_enabled() and (inputs.requires_grad or weight.requires_grad):
+            return _OneDNNLinearFunction.apply(inputs, weight, bias)
+        flat = _matmul(inputs.reshape(-1, inputs.shape[-1]), weight, bias)  # no graph to record
+        return flat.view(*inputs.shape[:-1], weight.shape[0])
+    return F.linear(inputs, weight, bias)
+
+
+class OneDNNLinear(torch.nn.Linear):
+    """``nn.Linear`` computed by :func:`onednn_linear`; made by :func:`use_onednn_linear`, not constructed."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(inputs, self.weight, self.bias)
+
+
+def use_onednn_linear(module: torch.nn.Module, device: str | torch.device = "cpu") -> int:
+    """Switch every plain ``nn.Linear`` in ``module`` to :class:`OneDNNLinear`, in place; returns how many.
+
+    Nothing changes for a model that runs on another ``device`` than the CPU, nor when this torch build has no
+    oneDNN. Subclasses of ``nn.Linear`` (quantised or adapter layers with forwards of their own) are left alone.
+    """
+    if torch.device(device).type != "cpu":
+        return 0
+    if not onednn_available():
+        logger.warning("use_onednn_linear: this torch build has no oneDNN linear kernel; keeping F.linear.")
+        return 0
+    # read by oneDNN (and PyTorch's wrapper of it) when their caches are first used: a user's setting wins
+    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(variable, str(PRIMITIVE_CACHE_CAPACITY))
+    switched = 0
+    for child in module.modules():
+        if type(child) is torch.nn.Linear:
+            child.__class__ = OneDNNLinear
+            switched += 1
+    return switched
