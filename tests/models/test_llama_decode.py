@@ -3,39 +3,23 @@
 import pytest
 import torch
 
-from tests.workers.rollout.conftest import PAD_ID, VOCAB_SIZE, decoding_prompts, make_prompts, step_logits
+from tests.workers.rollout.conftest import (
+    PAD_ID,
+    VOCAB_SIZE,
+    build_tiny_model,
+    decoding_prompts,
+    make_prompts,
+    step_logits,
+)
 from verl.models.llama_decode import LlamaFamilyDecoder, supports_llama_decode
 from verl.workers.rollout import NaiveRollout
 from verl.workers.rollout.decoding import HFCachedDecoder
 
-SIZES = dict(
-    vocab_size=VOCAB_SIZE,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    initializer_range=0.5,
-    pad_token_id=PAD_ID,
-)
-
 
 def build(model_type: str, **overrides):
-    """A 2-layer random model of ``model_type``; a wide init so that logits differ a lot between tokens."""
-    import transformers
-
-    names = {
-        "llama": ("LlamaConfig", "LlamaForCausalLM"),
-        "mistral": ("MistralConfig", "MistralForCausalLM"),
-        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-    }
-    config_name, model_name = names[model_type]
-    config = getattr(transformers, config_name)(**{**SIZES, **overrides})
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return getattr(transformers, model_name)(config).eval()
+    model = build_tiny_model(model_type, **overrides)
+    model.config._attn_implementation = "sdpa"
+    return model
 
 
 CASES = {

@@ -83,8 +83,13 @@ def _cat_biases(*linears: torch.nn.Linear) -> torch.Tensor | None:
     biases = [linear.bias for linear in linears]
     if all(bias is None for bias in biases):
         return None
-    # a layer with bias on some projections only (Qwen2: q, k, v all have one): zeros stand in for the missing
-    return torch.cat([b if b is not None else l.weight.new_zeros(l.out_features) for b, l in zip(biases, linears)])
+    # where only some of the fused projections have a bias, zeros stand in for the missing ones
+    return torch.cat(
+        [
+            bias if bias is not None else linear.weight.new_zeros(linear.out_features)
+            for bias, linear in zip(biases, linears)
+        ]
+    )
 
 
 def _layer_weights(layer: torch.nn.Module) -> _LayerWeights:

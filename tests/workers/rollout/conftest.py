@@ -21,24 +21,28 @@ def make_prompts(rows: list[list[int]], num_prompt_tokens: int, non_tensors: dic
     return DataProto.from_dict(tensors, non_tensors, meta)
 
 
-def build_tiny_model(arch: str = "qwen2"):
-    """A 2-layer, hidden-32, vocab-32 random model; a wide init so greedy paths do not collapse to one token."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def build_tiny_model(arch: str = "qwen2", **overrides):
+    """A 2-layer, hidden-32, vocab-32 random model of a Llama-family ``arch`` (llama, mistral, qwen2, qwen3); a wide
+    init so greedy paths do not collapse to one token. ``overrides`` go to the config."""
+    import transformers
 
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
-    config = config_cls(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        initializer_range=0.5,
-        pad_token_id=PAD_ID,
+    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[arch]
+    config = getattr(transformers, f"{prefix}Config")(
+        **{
+            "vocab_size": VOCAB_SIZE,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+            "initializer_range": 0.5,
+            "pad_token_id": PAD_ID,
+            **overrides,
+        }
     )
     torch.manual_seed(0)
-    return model_cls(config).eval()
+    return getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
 
 
 def hf_logits_fn(model):
