@@ -128,3 +128,25 @@ def test_an_update_on_onednn_layers_trains_like_one_on_torch_layers(onednn_calls
         # AdamW's first step are not compared: it moves each weight by lr * sign(grad), so a gradient within
         # rounding of zero could move the two copies apart by 2 * lr
         assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_activation_checkpointing_recomputes_the_onednn_forward(onednn_calls):
+    from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+    from verl.workers.actor.dp_actor import build_dp_actor
+    from verl.workers.dp_workers import enable_gradient_checkpointing
+
+    actors = []
+    for checkpointing in (False, True):
+        module = tiny_qwen2(seed=0)
+        use_onednn_linear(module)
+        if checkpointing:
+            enable_gradient_checkpointing(module)
+        actors.append(build_dp_actor(actor_config(), module, total_training_steps=2))
+    calls_before = len(onednn_calls)
+    actors[0].update_policy(ppo_batch())
+    plain_calls = len(onednn_calls) - calls_before
+    actors[1].update_policy(ppo_batch())
+    # checkpointing re-runs each decoder layer's forward (7 products per layer) in the backward pass
+    assert len(onednn_calls) - calls_before - plain_calls > plain_calls
+    for (name, p), q in zip(actors[0].actor_module.named_parameters(), actors[1].actor_module.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4), name

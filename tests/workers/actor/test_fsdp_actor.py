@@ -218,3 +218,23 @@ def test_checkpoint_metadata_naming_foreign_code_is_refused_unexecuted(tmp_path)
     with pytest.raises(CheckpointError, match=r"names io\.open, which DCP metadata never holds"):
         make_fsdp_actor().load_checkpoint(tmp_path / "actor")
     assert not marker.exists()
+
+
+def test_an_fsdp2_update_on_onednn_layers_matches_dp_on_torch_layers(monkeypatch):
+    """The oneDNN linear layers under FSDP2: forward and backward on the gathered weights, gradients reduced as
+    usual; one fp32 update agrees with dp's on torch's kernels to float rounding."""
+    from verl.utils import cpu_linear
+
+    calls = []
+    matmul = cpu_linear._matmul
+    monkeypatch.setattr(cpu_linear, "MIN_FLOPS", 0)  # the tiny model's products are below the threshold
+    monkeypatch.setattr(cpu_linear, "_matmul", lambda *args: calls.append(1) or matmul(*args))
+    dp = build_dp_actor(actor_config(), tiny_qwen2(0), total_training_steps=100)
+    module = tiny_qwen2(0)
+    assert cpu_linear.use_onednn_linear(module) == 15
+    fsdp = build_fsdp_actor(actor_config(), module, mesh=device_mesh("cpu"), total_training_steps=100)
+    batch = with_old_log_probs(dp)
+    dp_metrics, fsdp_metrics = dp.update_policy(batch), fsdp.update_policy(batch)
+    assert calls  # the sharded model did run its products on oneDNN
+    assert fsdp_metrics["actor/pg_loss"] == pytest.approx(dp_metrics["actor/pg_loss"], abs=1e-5)
+    assert fsdp_metrics["actor/grad_norm"] == pytest.approx(dp_metrics["actor/grad_norm"], rel=1e-4)
