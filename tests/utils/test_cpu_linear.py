@@ -1,5 +1,7 @@
 """oneDNN linear layers on CPU: the same values and gradients as F.linear, used only where they should be."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -107,6 +109,17 @@ def test_a_model_switches_its_plain_linear_layers_in_place():
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
     x = torch.randn(3, 4)
     assert torch.equal(model(x), torch.nn.Sequential(*[m for m in model])(x))
+
+
+def test_the_cache_bound_is_for_processes_about_to_start_and_a_users_setting_wins(monkeypatch):
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    use_onednn_linear(torch.nn.Linear(4, 4))
+    assert dict(os.environ) == before  # the running process's environment is never changed (setenv vs threads)
+    bound = str(cpu_linear.PRIMITIVE_CACHE_CAPACITY)
+    assert cpu_linear.primitive_cache_env() == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": bound, "LRU_CACHE_CAPACITY": bound}
+    assert cpu_linear.primitive_cache_env({"LRU_CACHE_CAPACITY": "7"}) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": bound}
 
 
 def test_an_update_on_onednn_layers_trains_like_one_on_torch_layers(onednn_calls):

@@ -141,6 +141,27 @@ def test_loader_epochs_and_shuffle():
     assert len(in_order) == 3 and [_indices(b) for b, _ in zip(in_order, range(3))][2] == [8, 9]
 
 
+def test_loader_shuffles_once_per_epoch_not_once_per_batch(monkeypatch):
+    # the shuffle costs O(rows): on a large dataset, once per batch would dominate the step
+    from verl.utils import dataset as dataset_module
+
+    shuffles = []
+    real_randperm = torch.randperm
+
+    def counting_randperm(*args, **kwargs):
+        shuffles.append(args[0])
+        return real_randperm(*args, **kwargs)
+
+    monkeypatch.setattr(dataset_module.torch, "randperm", counting_randperm)
+    loader = StatefulPromptLoader(make_tiny_task_dataset(10, seed=0), batch_size=3, seed=5)
+    batches = [_indices(loader.next_batch()) for _ in range(7)]  # 3 batches per epoch: epochs 0, 1 and 2
+    assert shuffles == [10, 10, 10]
+    # and the order is still the seed's and the epoch's alone: a fresh loader moved to epoch 1 hands out the same
+    resumed = StatefulPromptLoader(make_tiny_task_dataset(10, seed=0), batch_size=3, seed=5)
+    resumed.load_state_dict({"epoch": 1, "batch_index": 0, "seed": 5})
+    assert [_indices(resumed.next_batch()) for _ in range(3)] == batches[3:6]
+
+
 def test_loader_resume_gives_identical_order(tokenizer):
     dataset = make_tiny_task_dataset(20, seed=1)
     collate = PromptCollator(tokenizer, max_prompt_length=8)

@@ -128,6 +128,8 @@ def start_ray(config: PPOConfig) -> None:
     """
     import ray
 
+    from verl.utils.cpu_linear import primitive_cache_env
+
     if ray.is_initialized():
         return
     address, num_cpus = config.ray_init.address, config.ray_init.num_cpus
@@ -143,6 +145,7 @@ def start_ray(config: PPOConfig) -> None:
     # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
     # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
     # sets it when it starts (`RAY_worker_niceness=0 ray start ...`, docs/start/multinode.md).
+    cache_env = primitive_cache_env()  # bounds oneDNN's kernel caches in the workers (verl.utils.cpu_linear)
     local_only = {"_system_config": {"worker_niceness": 0}} if address is None else {}
     try:
         ray.init(
@@ -151,7 +154,7 @@ def start_ray(config: PPOConfig) -> None:
             num_cpus=num_cpus,
             include_dashboard=False,
             log_to_driver=True,
-            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads)}},
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads), **cache_env}},
             **local_only,
         )
     except ConnectionError as err:

@@ -30,6 +30,7 @@ __all__ = [
     "OneDNNLinear",
     "onednn_available",
     "onednn_linear",
+    "primitive_cache_env",
     "use_onednn_linear",
 ]
 
@@ -40,6 +41,21 @@ logger = logging.getLogger(__name__)
 # grow a process by up to about 800 MB. A bound of 128 holds every shape a step uses (per micro-batch, three per
 # distinct layer size; the rollout's batch shrinks through few shapes, see verl.workers.rollout.naive_rollout).
 PRIMITIVE_CACHE_CAPACITY = 128
+
+# oneDNN reads the first, PyTorch's own cache of oneDNN kernels the second, each once, when first used.
+_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def primitive_cache_env(environ=os.environ) -> dict[str, str]:
+    """Environment variables that bound oneDNN's kernel caches to :data:`PRIMITIVE_CACHE_CAPACITY`, for a process
+    about to start (``main_ppo`` gives them to its Ray workers); a variable already set in ``environ`` is left out,
+    so a user's setting wins.
+
+    They are not set by :func:`use_onednn_linear` itself: changing the environment of a running process is unsafe
+    once it has threads (glibc's ``setenv`` against a concurrent ``getenv``), and a Ray worker has many.
+    """
+    return {name: str(PRIMITIVE_CACHE_CAPACITY) for name in _CACHE_VARIABLES if name not in environ}
+
 
 # Below this many multiply-adds (rows x in x out) a product stays with F.linear: oneDNN's set-up per call (about
 # 20 us) outweighs its faster arithmetic. Measured by benchmarks/bench_cpu_linear.py (forward + backward): 256 x 64
@@ -129,9 +145,6 @@ def use_onednn_linear(module: torch.nn.Module, device: str | torch.device = "cpu
     if not onednn_available():
         logger.warning("use_onednn_linear: this torch build has no oneDNN linear kernel; keeping F.linear.")
         return 0
-    # read by oneDNN (and PyTorch's wrapper of it) when their caches are first used: a user's setting wins
-    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        os.environ.setdefault(variable, str(PRIMITIVE_CACHE_CAPACITY))
     switched = 0
     for child in module.modules():
         if type(child) is torch.nn.Linear:

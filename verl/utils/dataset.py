@@ -321,6 +321,7 @@ class StatefulPromptLoader:
         self.collate_fn = collate_fn
         self.epoch = 0
         self.batch_index = 0
+        self._cached_order: tuple[int, list[int]] | None = None  # (epoch, its order): one shuffle per epoch
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -328,10 +329,18 @@ class StatefulPromptLoader:
         return num_rows // self.batch_size if self.drop_last else -(-num_rows // self.batch_size)
 
     def _order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.dataset)))
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.dataset), generator=generator).tolist()
+        """The row order of ``epoch``, a function of the seed and the epoch alone (so a resume recomputes it).
+
+        Computed once per epoch: it costs O(rows), which on a large dataset would otherwise dominate each step.
+        """
+        if self._cached_order is None or self._cached_order[0] != epoch:
+            if self.shuffle:
+                generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                order = torch.randperm(len(self.dataset), generator=generator).tolist()
+            else:
+                order = list(range(len(self.dataset)))
+            self._cached_order = (epoch, order)
+        return self._cached_order[1]
 
     def next_batch(self) -> Any:
         """The next batch; moves to the next epoch (a fresh order) after the last batch of one."""
