@@ -9,11 +9,14 @@ responses, fp32, one update per step), without Ray, and runs steps of ``generate
 - under ``torch.profiler``: how many torch operators the call runs, their summed self time, and the mean per
   operator, with the operators that take the most self time.
 
+With ``--compile`` it also times the tiny model's forward and backward eager against ``torch.compile`` (inductor,
+dynamic shapes), to size what a compiled runtime would save; compiling takes about half a minute.
+
 The Ray round trip the single controller adds to each call is measured apart: a bare Ray actor echoing a payload
 of the size the ``tiny`` step sends, against the worker group's call of a method that echoes a DataProto of that
 shape (``--no-ray`` skips it).
 
-Run: ``.venv/bin/python benchmarks/bench_tiny_step_ops.py`` (about a minute).
+Run: ``.venv/bin/python benchmarks/bench_tiny_step_ops.py --compile`` (about two minutes).
 """
 
 from __future__ import annotations
@@ -146,12 +149,51 @@ def measure_ray_round_trip(payload_bytes: int, num_calls: int) -> dict[str, floa
         ray.shutdown()
 
 
+def measure_compiled_forward_backward(num_calls: int) -> dict[str, float]:
+    """The tiny model's forward and backward (a token log-likelihood loss on 64 rows), eager against
+    ``torch.compile`` (inductor, dynamic shapes): how much a compiled runtime would take off the update."""
+    from verl.models.loading import load_hf_causal_lm, resolve_model_path
+
+    model = load_hf_causal_lm(resolve_model_path(None), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+
+    def batch(num_columns: int):
+        ids = torch.randint(0, model.config.vocab_size, (64, num_columns), generator=generator)
+        mask = torch.ones(64, num_columns, dtype=torch.long)
+        mask[:8, :3] = 0  # some left padding, as the prompts have
+        return ids, mask
+
+    def forward_backward(module, ids, mask):
+        logits = module(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        log_probs = torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        (-(log_probs * mask).sum() / mask.sum()).backward()
+
+    compiled = torch.compile(model, dynamic=True)
+    start = time.perf_counter()
+    forward_backward(compiled, *batch(20))
+    result = {"compile_s": time.perf_counter() - start}
+    for num_columns in (20, 27):
+        ids, mask = batch(num_columns)
+        times = common.alternate(
+            {
+                "eager": lambda ids=ids, mask=mask: forward_backward(model, ids, mask),
+                "compiled": lambda ids=ids, mask=mask: forward_backward(compiled, ids, mask),
+            },
+            num_repeats=num_calls,
+            num_warmup=3,
+        )
+        for name, values in times.items():
+            result[f"{name}_ms_{num_columns}_columns"] = 1e3 * common.median(values)
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="steps timed (after --warmup)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--ray-calls", type=int, default=300, help="calls per variant of the Ray round trip")
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray round trip")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile's forward and backward")
     args = parser.parse_args(argv)
     common.quiet_libraries()
     torch.manual_seed(0)
@@ -183,6 +225,8 @@ def main(argv=None) -> int:
         "update_actor": {"median_ms": 1e3 * statistics.median(update_s), **update_ops},
         "generated_batch_payload_bytes": payload_bytes,
     }
+    if args.compile:
+        result["compiled_forward_backward"] = measure_compiled_forward_backward(num_calls=30)
     if not args.no_ray:
         result["ray_round_trip"] = measure_ray_round_trip(payload_bytes, args.ray_calls)
     for call in ("generate_with_log_probs", "update_actor"):
@@ -197,6 +241,16 @@ def main(argv=None) -> int:
         print(
             f"Ray round trip with a {payload_bytes}-byte payload: bare actor {trip['bare_ray_ms']:.2f} ms, "
             f"worker group (DataProto) {trip['worker_group_ms']:.2f} ms"
+        )
+    if "compiled_forward_backward" in result:
+        probe = result["compiled_forward_backward"]
+        print(
+            "forward and backward on 64 rows, eager / torch.compile: "
+            + ", ".join(
+                f"{c} columns {probe[f'eager_ms_{c}_columns']:.2f} / {probe[f'compiled_ms_{c}_columns']:.2f} ms"
+                for c in (20, 27)
+            )
+            + f"; compiling took {probe['compile_s']:.1f} s"
         )
     print(f"wrote {common.write_results('bench_tiny_step_ops', result)}")
     return 0
