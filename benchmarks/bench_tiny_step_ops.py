@@ -12,9 +12,10 @@ responses, fp32, one update per step), without Ray, and runs steps of ``generate
 With ``--compile`` it also times the tiny model's forward and backward eager against ``torch.compile`` (inductor,
 dynamic shapes), to size what a compiled runtime would save; compiling takes about half a minute.
 
-The Ray round trip the single controller adds to each call is measured apart: a bare Ray actor echoing a payload
-of the size the ``tiny`` step sends, against the worker group's call of a method that echoes a DataProto of that
-shape (``--no-ray`` skips it).
+The Ray round trip the single controller adds to each call is measured apart: a bare Ray actor that sends back a
+payload of the size the ``tiny`` step's generated batch has, against a worker-group call that takes a DataProto of
+that shape and returns two small tensors (``EchoWorker.tag_rows`` of the tests), so the group call moves less data
+back than the bare one (``--no-ray`` skips it).
 
 Run: ``.venv/bin/python benchmarks/bench_tiny_step_ops.py --compile`` (about two minutes).
 """
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests.single_controller: the echo worker
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests.single_controller: the worker-group test worker
 
 import bench_vs_trl  # noqa: E402
 import common  # noqa: E402
@@ -103,7 +104,8 @@ def profile_call(fn) -> dict[str, Any]:
 
 
 def measure_ray_round_trip(payload_bytes: int, num_calls: int) -> dict[str, float]:
-    """Median round trip of a bare Ray actor call and of a worker-group call, both echoing ``payload_bytes``."""
+    """Median round trip of a bare Ray actor call that echoes ``payload_bytes``, and of a worker-group call that
+    sends a DataProto of about that size and gets two 64-row tensors back."""
     import ray
 
     from tests.single_controller.remote_helpers import EchoWorker
