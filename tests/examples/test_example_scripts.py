@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
 from examples.data_preprocess import gsm8k
 from verl.utils.dataset import RLHFDataset
 from verl.utils.reward_score import default_compute_score
-from verl.workers.config import PPOConfig
+from verl.workers.config import compose_with_defaults
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "verl" / "trainer" / "config"
@@ -63,13 +62,13 @@ def parse_script(path: Path) -> tuple[str, list[str]]:
 
 def compose_script(path: Path):
     config_name, overrides = parse_script(path)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name=config_name, overrides=overrides), overrides
+    return compose_with_defaults(overrides, config_name, CONFIG_DIR), overrides
 
 
 def test_all_scripts_are_found():
     names = {f"{p.parent.name}/{p.name}" for p in SCRIPTS}
     assert names == {
+        "dapo_trainer/run_tiny_fp16_dp.sh",
         "grpo_trainer/run_tiny_fp16_dp.sh",
         "grpo_trainer/run_tiny_fp16_megatron.sh",
         "grpo_trainer/run_qwen2_5_0_5b_fp16_megatron.sh",
@@ -82,10 +81,11 @@ def test_all_scripts_are_found():
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_script_composes_and_validates(path):
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, f"{path.name}: bash syntax error"
-    cfg, overrides = compose_script(path)
+    composed, overrides = compose_script(path)
+    cfg = composed.config
     # the policy is chosen on purpose in every script, never left to the default
     assert any(o.startswith("actor_rollout_ref.actor.update_failure_policy=") for o in overrides)
-    PPOConfig.from_omegaconf(cfg)
+    composed.validate()  # as the command line: against the file's defaults, so settings nothing reads are refused
     actor = cfg.actor_rollout_ref.actor
     assert actor.dtype == "float16"
     assert actor.strategy == ("megatron" if "megatron" in path.name else "dp")
@@ -94,6 +94,10 @@ def test_script_composes_and_validates(path):
     if expected_estimator == "gae":
         assert cfg.critic.enable is True
         assert any(o.startswith("critic.update_failure_policy=") for o in overrides)
+    if path.parent.name == "dapo_trainer":  # DAPO's pieces, each set on purpose
+        assert cfg.algorithm.filter_groups.enable and cfg.reward_model.overlong_buffer.enable
+        assert cfg.reward_model.reward_manager == "dapo" and actor.loss_agg_mode == "token-mean"
+        assert actor.clip_ratio_high > actor.clip_ratio_low
 
 
 @pytest.mark.parametrize("name", sorted(GPU_SCRIPTS))
@@ -101,7 +105,7 @@ def test_gpu_scripts_take_model_data_and_gpus_from_the_environment(name):
     path = REPO / "examples" / "grpo_trainer" / name
     text = path.read_text()
     assert 'trainer.n_gpus_per_node="${N_GPUS:-8}"' in text
-    cfg, _ = compose_script(path)
+    cfg = compose_script(path)[0].config
     assert cfg.trainer.device == "cuda"
     assert cfg.trainer.n_gpus_per_node == 8
     assert cfg.actor_rollout_ref.model.path == "/dummy/model"
@@ -111,7 +115,7 @@ def test_gpu_scripts_take_model_data_and_gpus_from_the_environment(name):
 
 @pytest.mark.parametrize("path", [p for p in SCRIPTS if p.name not in GPU_SCRIPTS], ids=lambda p: p.name)
 def test_tiny_scripts_run_on_cpu_with_the_embedded_model(path):
-    cfg, _ = compose_script(path)
+    cfg = compose_script(path)[0].config
     assert cfg.trainer.device == "cpu"
     assert cfg.actor_rollout_ref.model.path == "default"
     assert cfg.data.train_files is None

@@ -15,6 +15,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+from tests.single_controller.fault_injection import Killer, KillPlan
 from tests.single_controller.remote_helpers import EchoWorker
 from verl.single_controller import (
     PlacementError,
@@ -23,7 +24,6 @@ from verl.single_controller import (
     RayWorkerGroup,
     WorkerDiedError,
 )
-from verl.single_controller.ray_worker_group import KILL_HOOK_ENV
 
 pytestmark = pytest.mark.slow
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -112,7 +112,7 @@ def test_busy_cluster_fails_after_the_bounded_wait(cluster):
     assert wait_for_free_cpus(4.0) == 4.0
 
 
-def test_collective_timeout_then_a_killed_rank_reported_by_rank_and_node(cluster, monkeypatch):
+def test_collective_timeout_then_a_killed_rank_reported_by_rank_and_node(cluster):
     # one group for both faults (a group costs seconds to start here); the timeout leaves both ranks alive
     group = echo_group("echo_faults", nnodes=2, per_node=1, collective_timeout_s=2)
     try:
@@ -120,8 +120,10 @@ def test_collective_timeout_then_a_killed_rank_reported_by_rank_and_node(cluster
         # rank 1 is alive but never enters the all-reduce: rank 0 gives up after the group's 2 s timeout
         with pytest.raises(RuntimeError, match="(?i)timed out"):
             group.all_reduce_on([0])
-        # the next all-reduce call SIGKILLs rank 1 instead of running it there; rank 0 enters the collective
-        monkeypatch.setenv(KILL_HOOK_ENV, "echo_faults:1:all_reduce_rank_plus_one:1")
+        # the next all-reduce call first SIGKILLs rank 1; then rank 0 enters the collective, rank 1's call meets a
+        # dead actor
+        killer = Killer(KillPlan("echo_faults", 1, "all_reduce_rank_plus_one", 1))
+        killer.arm(group)
         start = time.monotonic()
         with pytest.raises(WorkerDiedError) as info:
             group.all_reduce_rank_plus_one()
@@ -130,6 +132,7 @@ def test_collective_timeout_then_a_killed_rank_reported_by_rank_and_node(cluster
         assert (err.role, err.rank) == ("echo_faults", 1)
         assert err.node_id == group.placement[1]["node_id"] and err.node_ip == group.placement[1]["node_ip"]
         assert "worker process has died" in err.reason
+        assert killer.num_calls == 1
     finally:
         group.shutdown()
 

@@ -1,24 +1,12 @@
-"""Tests of the parts of multi-node placement and worker-death reporting that need no Ray cluster.
+"""Tests of the parts of multi-node placement that need no Ray cluster.
 
-``plan_nodes`` decides which nodes a pool uses and what a too-small cluster is told; the kill test hook, the
-resource-pool arguments and the one-line death reason are plain Python too. The placement itself, on a real
-two-node cluster, is in ``test_multinode.py``.
+``plan_nodes`` decides which nodes a pool uses and what a too-small cluster is told; the resource-pool arguments
+are plain Python too. The placement itself, on a real two-node cluster, is in ``test_multinode.py``.
 """
 
-from collections import Counter
-
 import pytest
-from ray.exceptions import ActorDiedError
 
-from verl.single_controller import ray_worker_group
-from verl.single_controller.placement import NodeInfo, PlacementError, plan_nodes
-from verl.single_controller.ray_worker_group import (
-    KILL_HOOK_ENV,
-    RayResourcePool,
-    WorkerDiedError,
-    _death_reason,
-    _kill_hook_victim,
-)
+from verl.single_controller.placement import NodeInfo, PlacementError, RayResourcePool, plan_nodes
 
 HEAD = NodeInfo("aaaa", "10.0.0.1", {"CPU": 8.0})  # no GPU: a typical head node
 GPU_A = NodeInfo("bbbb", "10.0.0.2", {"CPU": 32.0, "GPU": 4.0})
@@ -77,47 +65,3 @@ def test_resource_pool_bundle_holds_every_colocated_share():
     assert pool.bundle() == {"CPU": 1.0, "GPU": 1.0}
     assert pool.workers_per_node == 2
     assert RayResourcePool(2, num_cpus_per_worker=0.25).bundle() == {"CPU": 0.25}  # no GPU key for CPU ranks
-
-
-@pytest.fixture
-def fresh_hook_counts(monkeypatch):
-    monkeypatch.setattr(ray_worker_group, "_kill_hook_calls", Counter())
-
-
-def test_kill_hook_fires_once_at_the_configured_call(monkeypatch, fresh_hook_counts):
-    monkeypatch.setenv(KILL_HOOK_ENV, "actor_rollout_ref:1:update_actor:3")
-    # calls 1 and 2 pass, call 3 names rank 1, call 4 (a rebuilt group's next call) passes again
-    assert [_kill_hook_victim("actor_rollout_ref", "update_actor") for _ in range(4)] == [None, None, 1, None]
-    # other methods and other groups are not counted and never hit
-    assert _kill_hook_victim("actor_rollout_ref", "generate_sequences") is None
-    assert _kill_hook_victim("critic", "update_actor") is None
-
-
-def test_kill_hook_unset_does_nothing(monkeypatch, fresh_hook_counts):
-    monkeypatch.delenv(KILL_HOOK_ENV, raising=False)
-    assert _kill_hook_victim("actor_rollout_ref", "update_actor") is None
-
-
-@pytest.mark.parametrize("raw", ["actor:1:update", "actor:x:update_actor:3", "actor:1:update_actor:0"])
-def test_malformed_kill_hook_is_rejected_with_its_format(monkeypatch, fresh_hook_counts, raw):
-    monkeypatch.setenv(KILL_HOOK_ENV, raw)
-    with pytest.raises(ValueError, match=f"{KILL_HOOK_ENV}=.*<group>:<rank>:<method>:<call>"):
-        _kill_hook_victim("actor", "update_actor")
-
-
-def test_death_reason_keeps_the_cause_and_drops_the_boilerplate():
-    err = ActorDiedError()
-    err.error_msg = (
-        "The actor died unexpectedly before finishing this task.\n\tclass_name: W\n\tactor_id: 01ab\n\tpid: 7\n"
-        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR End of file. "
-        "Some common causes include: (1) the OOM killer"
-    )
-    assert _death_reason(err) == (
-        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR End of file."
-    )
-
-
-def test_worker_died_error_names_role_rank_and_node():
-    err = WorkerDiedError("critic", 3, "node-id-hex", "10.0.0.7", "its node died")
-    assert str(err) == "worker critic rank 3 on node node-id-hex (10.0.0.7) died: its node died"
-    assert (err.role, err.rank, err.node_id, err.node_ip) == ("critic", 3, "node-id-hex", "10.0.0.7")

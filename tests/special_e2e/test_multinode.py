@@ -2,8 +2,9 @@
 
 The cluster (``ray.cluster_utils.Cluster``, two nodes of one CPU each) lives in this test process; each run is a
 ``python -m verl.trainer.main_ppo`` subprocess that joins it with ``ray_init.address``, one rank per node on the
-dp backend. Workers are killed mid-step through the ``VERL_TEST_KILL_WORKER`` test hook of the worker group:
-the N-th ``update_actor`` call SIGKILLs rank 1 while rank 0 runs the update and waits for rank 1 in the gradient
+dp backend. A run that loses a worker is started through ``tests/special_e2e/main_ppo_killing_a_worker.py``
+instead, which kills it from outside the trainer (``tests/single_controller/fault_injection.py``): the N-th
+``update_actor`` call first SIGKILLs rank 1, then rank 0 runs the update and waits for rank 1 in the gradient
 all-reduce.
 """
 
@@ -41,7 +42,7 @@ RUN_TIMEOUT_S = 300
 PLACEMENT_LINE = re.compile(
     r"rank (\d+) on node (\w+) \(([^)]*)\) local (\d+)/(\d+) pid \d+ CUDA_VISIBLE_DEVICES=\S+ rendezvous ([^;\s]+)"
 )
-NOT_COMPARED = ("timing_s/", "perf/", "trainer/restarts")
+NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/", "trainer/restarts")
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +58,12 @@ def run_on_cluster(cluster, tmp_dir: Path, *overrides: str, kill: str | None = N
     """One ``main_ppo`` run joining ``cluster``; returns (completed process, checkpoint directory)."""
     out_dir = tmp_dir / "run"
     small = [o for o in SMALL if not o.startswith("ray_init.num_cpus=")]
+    # a kill is <group>:<rank>:<method>:<call>, carried out by the test's own entry point around main_ppo's
+    entry = ["verl.trainer.main_ppo"] if kill is None else ["tests.special_e2e.main_ppo_killing_a_worker", kill]
     cmd = [
         sys.executable,
         "-m",
-        "verl.trainer.main_ppo",
+        *entry,
         *small,
         *TWO_NODES,
         f"ray_init.address={cluster.address}",
@@ -68,9 +71,6 @@ def run_on_cluster(cluster, tmp_dir: Path, *overrides: str, kill: str | None = N
         *overrides,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
-    env.pop("VERL_TEST_KILL_WORKER", None)
-    if kill is not None:
-        env["VERL_TEST_KILL_WORKER"] = kill
     proc = subprocess.run(cmd, cwd=tmp_dir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     return proc, out_dir
 

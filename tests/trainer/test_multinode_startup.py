@@ -79,3 +79,48 @@ def test_exit_code_of_a_dead_worker_is_its_own():
         main_ppo.EXIT_WORKER_DIED,
     ]
     assert main_ppo.EXIT_WORKER_DIED == 4 and len(set(codes)) == len(codes)
+
+
+class RecordingLoader:
+    """Stands in for the training loader: records the state a restart puts it back to."""
+
+    def __init__(self) -> None:
+        self.loaded = []
+
+    def load_state_dict(self, state) -> None:
+        self.loaded.append(state)
+
+
+DIED = WorkerDiedError("actor_rollout_ref", 1, "ab12", "10.0.0.7", "its worker process has died")
+
+
+def test_restart_rule_gives_up_with_exit_4_when_no_restart_is_left(tmp_path, caplog):
+    config = typed(tmp_path)  # trainer.max_restarts: 0
+    attempts = main_ppo._Attempts(resume_from=None, last_good=None)
+    with caplog.at_level("ERROR", logger="verl.trainer"):
+        code = main_ppo._restart_after_death(DIED, config, RecordingLoader(), {"position": 0}, attempts)
+    assert code == main_ppo.EXIT_WORKER_DIED and attempts.restarts == 0
+    assert "A worker died: role actor_rollout_ref, rank 1" in caplog.text
+
+
+def test_restart_rule_counts_and_resumes_from_the_newest_checkpoint_or_the_start(tmp_path):
+    config = typed(tmp_path, "trainer.max_restarts=2")
+    loader, fresh = RecordingLoader(), {"position": 0}
+    attempts = main_ppo._Attempts(resume_from=None, last_good=None)
+    # nothing saved yet: restart 1 starts over, the data loader put back to its fresh state
+    assert main_ppo._restart_after_death(DIED, config, loader, fresh, attempts) is None
+    assert (attempts.restarts, attempts.resume_from, loader.loaded) == (1, None, [fresh])
+    # a checkpoint since: restart 2 resumes from it (auto mode) and leaves the loader to the checkpoint
+    newest = write_checkpoint(tmp_path / "out", 2)
+    assert main_ppo._restart_after_death(DIED, config, loader, fresh, attempts) is None
+    assert (attempts.restarts, attempts.resume_from, loader.loaded) == (2, newest, [fresh])
+    # both restarts used: the third death ends the run
+    assert main_ppo._restart_after_death(DIED, config, loader, fresh, attempts) == main_ppo.EXIT_WORKER_DIED
+
+
+def test_placement_failure_is_a_config_error_at_start_up_and_a_death_on_a_rebuild():
+    from verl.single_controller import PlacementError
+
+    err = PlacementError("needs 2 node(s)")
+    assert main_ppo._placement_failed(err, main_ppo._Attempts(None, None, restarts=0)) == main_ppo.EXIT_BAD_CONFIG
+    assert main_ppo._placement_failed(err, main_ppo._Attempts(None, None, restarts=1)) == main_ppo.EXIT_WORKER_DIED

@@ -6,6 +6,8 @@ placed the groups: ranks ``[i * per_node, (i + 1) * per_node)`` share node ``i``
 anything is reserved, the cluster's alive nodes are compared with the request, so a cluster too small fails at
 once with what is missing (:func:`plan_nodes`); a cluster big enough but busy fails after a bounded wait
 (:func:`reserve_nodes`), never hangs. Node 0 (rank 0's node, the rendezvous) is the driver's node when it fits.
+:class:`RayResourcePool` is what a worker group asks for: ranks, nodes and each rank's share, reserved when the first
+group starts on it and freed when the last one shuts down.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 # A request is compared per resource with this slack, so that 3 x (1/3 GPU) fits a node with 1 GPU.
 _EPSILON = 1e-6
+# How long to wait for the cluster to place a pool's reservations once it has the capacity.
+DEFAULT_PLACEMENT_TIMEOUT_S = 120.0
 
 
 class PlacementError(RuntimeError):
@@ -177,3 +181,104 @@ def release_groups(groups: list[PlacementGroup]) -> None:
             remove_placement_group(group)
         except Exception as err:  # a dead cluster cannot hold the reservation anyway
             logger.warning("could not remove placement group %s: %s", group.id.hex(), err)
+
+
+class RayResourcePool:
+    """How many workers a group has, on how many nodes, and what each one reserves.
+
+    The pool reserves ``num_workers / nnodes`` bundles on each of ``nnodes`` distinct nodes when the first group
+    starts on it, and frees them when the last group using it shuts down. Each bundle holds rank ``r`` of up to
+    ``max_colocate`` groups: ``max_colocate x num_cpus_per_worker`` CPUs and ``max_colocate x num_gpus_per_worker``
+    GPUs (give each of 2 colocated groups ``num_gpus_per_worker=0.5`` to share one GPU per rank).
+
+    Args:
+        num_workers: number of ranks (the group's world size); a multiple of ``nnodes``.
+        num_cpus_per_worker: CPUs each worker takes; fractions are allowed (small CPU boxes).
+        num_gpus_per_worker: GPUs each worker takes; Ray sets each worker's ``CUDA_VISIBLE_DEVICES`` to its share.
+        nnodes: number of distinct nodes, with the same number of ranks on each.
+        max_colocate: how many groups share the pool's bundles (rank by rank).
+        placement_timeout_s: how long to wait for the cluster to place the reservations once it has the capacity.
+
+    Raises:
+        ValueError: for a non-positive count or share, or ranks that do not split evenly over the nodes.
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        num_cpus_per_worker: float = 1,
+        num_gpus_per_worker: float = 0,
+        nnodes: int = 1,
+        max_colocate: int = 1,
+        placement_timeout_s: float = DEFAULT_PLACEMENT_TIMEOUT_S,
+    ) -> None:
+        for name, value in (("num_workers", num_workers), ("nnodes", nnodes), ("max_colocate", max_colocate)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if num_workers % nnodes:
+            raise ValueError(
+                f"num_workers={num_workers} ranks do not split evenly over nnodes={nnodes} nodes; every node gets "
+                "the same number of ranks, so make num_workers a multiple of nnodes."
+            )
+        if not num_cpus_per_worker > 0:
+            raise ValueError(
+                f"num_cpus_per_worker must be > 0 (fractions such as 0.5 are fine), got {num_cpus_per_worker!r}."
+            )
+        if not num_gpus_per_worker >= 0:
+            raise ValueError(f"num_gpus_per_worker must be >= 0, got {num_gpus_per_worker!r}.")
+        if not placement_timeout_s > 0:
+            raise ValueError(f"placement_timeout_s must be > 0 seconds, got {placement_timeout_s!r}.")
+        self.num_workers = num_workers
+        self.num_cpus_per_worker = num_cpus_per_worker
+        self.num_gpus_per_worker = num_gpus_per_worker
+        self.nnodes = nnodes
+        self.max_colocate = max_colocate
+        self.placement_timeout_s = placement_timeout_s
+        self._groups: list = []
+        self._slots: list[RankSlot] = []
+        self._users = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.num_workers
+
+    @property
+    def workers_per_node(self) -> int:
+        return self.num_workers // self.nnodes
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.num_gpus_per_worker > 0
+
+    def bundle(self) -> dict[str, float]:
+        """What one rank's bundle reserves: the share of every group that may colocate there."""
+        bundle = {"CPU": self.num_cpus_per_worker * self.max_colocate}
+        if self.uses_gpus:
+            bundle["GPU"] = self.num_gpus_per_worker * self.max_colocate
+        return bundle
+
+    def acquire(self, name: str = "") -> list[RankSlot]:
+        """The rank slots, reserving them for the first group; one more group now uses the pool.
+
+        Raises:
+            ValueError: more groups than ``max_colocate`` would share the bundles (their actors could never start).
+            PlacementError: the cluster cannot hold the reservation (see ``placement.reserve_nodes``).
+        """
+        if self._users >= self.max_colocate:
+            raise ValueError(
+                f"{self._users + 1} groups would share a resource pool made for max_colocate={self.max_colocate}; "
+                "raise max_colocate or give the group its own pool."
+            )
+        if not self._slots:
+            self._groups, self._slots = reserve_nodes(
+                self.nnodes, self.workers_per_node, self.bundle(), self.placement_timeout_s, name
+            )
+        self._users += 1
+        return list(self._slots)
+
+    def release(self) -> None:
+        """One group is done with the pool; the last one frees the reservations."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0 and self._groups:
+            release_groups(self._groups)
+            self._groups, self._slots = [], []

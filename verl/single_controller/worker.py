@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-import signal
 import socket
 import time
 
@@ -180,14 +179,6 @@ class Worker:
         self._master_addr, self._master_port = addr, int(port)
         # libraries that read the environment (env:// init, megatron) see the same address
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
-
-    def die_now(self) -> None:
-        """Test hook: kill this worker's process with SIGKILL, as the OOM killer or a lost node would.
-
-        Only the worker group's ``VERL_TEST_KILL_WORKER`` hook calls it; nothing is cleaned up, nothing returns.
-        """
-        logger.warning("rank %d: killed by the test hook", self._rank)
-        os.kill(os.getpid(), signal.SIGKILL)
 
     def run_timed(self, method_name: str, *args, **kwargs) -> tuple:
         """Run one of this worker's methods; returns ``(its result, the seconds it took in this process)``.

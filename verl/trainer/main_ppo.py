@@ -12,6 +12,11 @@ wait in a collective (``torch.distributed`` timeouts, ``trainer.collective_timeo
 the trainer then tears the groups down, builds them again, resumes from the last checkpoint and goes on, at most N
 times (each restart logged and counted in the ``trainer/restarts`` metric); past that, the run stops.
 
+How :func:`run` reads: :func:`prepare` checks everything before Ray starts; :func:`_train` starts Ray and makes
+attempts, each one :func:`_attempt` (build the worker groups, build the trainer, fit); after a worker died,
+:func:`_restart_after_death` is the restart rule (count the restart, choose the checkpoint, or give up), and
+:func:`_teardown` runs whatever the outcome (update summary, tracker, plot).
+
 Exit codes: 0 done; 1 training stopped by the update-failure policy (the message says why and names the last good
 checkpoint); 2 bad config (composition, a value, a key, a path, or more nodes/GPUs than the Ray cluster has); 3 a
 checkpoint to resume from is damaged or not ours (the message names the file and what to do); 4 a worker died and
@@ -23,15 +28,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names since before the split)
+    build_worker_groups,
+    cpus_per_worker,
+    shutdown_groups,
+    start_ray,
+    worker_classes,
+)
 from verl.utils.checkpoint import CheckpointError
-from verl.workers.config import PPOConfig
+from verl.workers.config import ComposedConfig, PPOConfig, compose_with_defaults
 from verl.workers.update_outcome import UpdateFailedError
 
 logger = logging.getLogger("verl.trainer")
@@ -120,162 +133,6 @@ def choose_checkpoint(config: PPOConfig) -> Path | None:
     return path
 
 
-def start_ray(config: PPOConfig) -> None:
-    """A local Ray instance, or the cluster at ``ray_init.address`` (``auto``: the one this machine belongs to).
-
-    Raises:
-        ValueError: ``ray_init.num_cpus`` given with an address, or no cluster to join at that address.
-    """
-    import ray
-
-    from verl.utils.cpu_linear import primitive_cache_env
-
-    if ray.is_initialized():
-        return
-    address, num_cpus = config.ray_init.address, config.ray_init.num_cpus
-    if address is not None and num_cpus is not None:
-        raise ValueError(
-            f"ray_init.num_cpus={num_cpus} sizes a local Ray instance, but ray_init.address={address!r} joins a "
-            "cluster whose nodes were sized by `ray start --num-cpus`; set ray_init.num_cpus=null."
-        )
-    repo_root = str(Path(__file__).resolve().parents[2])
-    pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    threads = max(1, (os.cpu_count() or 1) // config.world_size)
-    # Ray starts its workers at niceness 15, so that its own daemons stay responsive; our workers do the training,
-    # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
-    # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
-    # sets it when it starts (`RAY_worker_niceness=0 ray start ...`, docs/start/multinode.md).
-    cache_env = primitive_cache_env()  # bounds oneDNN's kernel caches in the workers (verl.utils.cpu_linear)
-    local_only = {"_system_config": {"worker_niceness": 0}} if address is None else {}
-    try:
-        ray.init(
-            # null means a local instance of our own, even when this machine runs a cluster (`ray start`)
-            address="local" if address is None else address,
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads), **cache_env}},
-            **local_only,
-        )
-    except ConnectionError as err:
-        raise ValueError(
-            f"ray_init.address={address!r}: no Ray cluster to join ({str(err).splitlines()[0]}). Start one with "
-            "`ray start --head` (docs/start/multinode.md), give its address, or set ray_init.address=null for a "
-            "local instance."
-        ) from None
-    if address is not None:
-        nodes = [node for node in ray.nodes() if node.get("Alive")]
-        total = ray.cluster_resources()
-        logger.info(
-            "joined the Ray cluster at %s: %d alive node(s), %g CPU, %g GPU",
-            address,
-            len(nodes),
-            total.get("CPU", 0),
-            total.get("GPU", 0),
-        )
-
-
-def worker_classes(strategy: str):
-    """(actor-rollout-ref worker class, critic worker class) of a backend: the one place a backend is chosen."""
-    if strategy == "megatron":
-        from verl.workers.megatron_workers import MegatronActorRolloutRefWorker, MegatronCriticWorker
-
-        return MegatronActorRolloutRefWorker, MegatronCriticWorker
-    from verl.workers.config.roles import FSDP_STRATEGIES
-
-    if strategy in FSDP_STRATEGIES:
-        from verl.workers.fsdp_workers import FSDPActorRolloutRefWorker, FSDPCriticWorker
-
-        return FSDPActorRolloutRefWorker, FSDPCriticWorker
-    from verl.workers.dp_workers import DPActorRolloutRefWorker, DPCriticWorker
-
-    return DPActorRolloutRefWorker, DPCriticWorker
-
-
-def build_worker_groups(config: PPOConfig, num_steps: int):
-    """The actor (+rollout, +ref) worker group and, when a value model is needed, the critic group.
-
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the two groups share
-    one resource pool, so rank ``r`` of both runs in the same bundle (same node, same GPU). On failure, whatever
-    was started is torn down before the error propagates.
-
-    Raises:
-        PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
-        WorkerDiedError: a worker died while the groups started.
-    """
-    from verl.single_controller import (
-        PlacementError,
-        RayClassWithInitArgs,
-        RayResourcePool,
-        RayWorkerGroup,
-    )
-
-    trainer = config.trainer
-    use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
-    groups = 2 if config.needs_critic else 1
-    cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups)
-    pool = RayResourcePool(
-        config.world_size,
-        num_cpus_per_worker=cpus,
-        num_gpus_per_worker=(1 / groups) if use_gpu else 0,
-        nnodes=trainer.nnodes,
-        max_colocate=groups,
-        placement_timeout_s=config.trainer.placement_timeout_s,
-    )
-    started = []
-
-    def start(worker_cls, name_prefix: str):
-        group = RayWorkerGroup(
-            pool,
-            RayClassWithInitArgs(worker_cls, config, num_steps),
-            name_prefix=name_prefix,
-            collective_timeout_s=config.trainer.collective_timeout_s,
-        )
-        started.append(group)
-        for line in group.init_model():
-            logger.info("%s", line)
-        return group
-
-    try:
-        actor_wg = start(worker_classes(config.actor_rollout_ref.actor.strategy)[0], "actor_rollout_ref")
-        critic_wg = start(worker_classes(config.critic_strategy)[1], "critic") if groups == 2 else None
-    except PlacementError as err:
-        shutdown_groups(*started)
-        raise PlacementError(
-            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
-            f"({'GPU' if use_gpu else 'CPU'} ranks) does not fit the Ray cluster: {err} Add nodes "
-            "(`ray start --address=<head>` on each, see docs/start/multinode.md) or lower trainer.nnodes / "
-            "trainer.n_gpus_per_node."
-        ) from None
-    except BaseException:
-        shutdown_groups(*started)
-        raise
-    return actor_wg, critic_wg
-
-
-def cpus_per_worker(nnodes: int, workers_per_node: int) -> float:
-    """Up to one CPU per worker, less where the nodes are small: the ``nnodes``-th largest node's CPUs are shared
-    by the workers of one node (0.1 at least, so that a cluster of tiny nodes gets a placement error, not a hang)."""
-    import ray
-
-    sizes = sorted((node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node.get("Alive")), reverse=True)
-    node_cpus = sizes[min(nnodes, len(sizes)) - 1] if sizes else 1.0
-    return max(0.1, min(1.0, node_cpus / workers_per_node))
-
-
-def shutdown_groups(*groups) -> None:
-    """Kill the workers of every group given (None entries are skipped) and free their placement."""
-    for group in groups:
-        if group is not None:
-            group.shutdown()
-
-
-def _cluster_has_gpus() -> bool:
-    import ray
-
-    return ray.cluster_resources().get("GPU", 0) > 0
-
-
 def checkpoint_after_death(config: PPOConfig, last_good: Path | None) -> Path | None:
     """The checkpoint a restart resumes from, verified: with ``trainer.resume_mode=auto`` chosen again as at
     start-up (the newest complete one), otherwise the last one this run saved or resumed from (None: start over).
@@ -307,7 +164,20 @@ def describe_death(err, last_good: Path | None, restarts: int, max_restarts: int
     )
 
 
-def prepare(config: DictConfig | PPOConfig):
+def _validate(config: ComposedConfig | DictConfig | PPOConfig) -> PPOConfig:
+    """The typed config: as given, or validated (with the file's defaults, when composed with them).
+
+    Raises:
+        ValueError: a bad config.
+    """
+    if isinstance(config, PPOConfig):
+        return config
+    if isinstance(config, ComposedConfig):
+        return config.validate()
+    return PPOConfig.from_omegaconf(config)
+
+
+def prepare(config: ComposedConfig | DictConfig | PPOConfig):
     """Everything checked before Ray starts: (typed config, training data, step count, checkpoint to resume).
 
     Raises:
@@ -316,7 +186,7 @@ def prepare(config: DictConfig | PPOConfig):
     """
     from verl.trainer.data_setup import build_data
 
-    typed = config if isinstance(config, PPOConfig) else PPOConfig.from_omegaconf(config)
+    typed = _validate(config)
     check_model_path(typed)
     from verl.workers.rollout.vllm_engine import check_vllm_config
 
@@ -331,10 +201,29 @@ def prepare(config: DictConfig | PPOConfig):
     return typed, data, num_steps, choose_checkpoint(typed)
 
 
-def run(config: DictConfig | PPOConfig) -> int:
-    """Train with ``config`` (composed or already typed); returns the process exit code.
+@dataclass
+class _Attempts:
+    """What one training attempt hands to the next, and to the teardown.
 
-    Logging is the caller's to set up (:func:`cli` does, with :func:`setup_logging`).
+    Attributes:
+        resume_from: the checkpoint the next attempt resumes from (None: from the start).
+        last_good: the newest checkpoint known intact: a restart, or the next run, resumes from it.
+        restarts: how many times the worker groups were rebuilt after a worker died.
+        trainer: the latest attempt's trainer (None until it is built): its last checkpoint and update summary.
+    """
+
+    resume_from: Path | None
+    last_good: Path | None
+    restarts: int = 0
+    trainer: Any = None
+
+
+def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
+    """Train with ``config`` (composed, with or without its file's defaults, or already typed); the exit code.
+
+    A :class:`~verl.workers.config.ComposedConfig` (what :func:`cli` composes) is validated against its file's
+    defaults, so a setting that nothing would read is refused; a bare ``DictConfig`` is validated without that
+    comparison. Logging is the caller's to set up (:func:`cli` does, with :func:`setup_logging`).
     """
     try:
         typed, data, num_steps, resume_from = prepare(config)
@@ -344,113 +233,155 @@ def run(config: DictConfig | PPOConfig) -> int:
     except CheckpointError as err:
         logger.error("Cannot resume: %s", err)
         return EXIT_BAD_CHECKPOINT
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.utils.tracking import Tracking
 
-    log_dir = Path(typed.trainer.default_local_dir)
     tracker = Tracking(
         typed.trainer.logger,
-        log_dir,
+        Path(typed.trainer.default_local_dir),
         typed.trainer.project_name,
         typed.trainer.experiment_name,
         config=typed.to_dict(),
     )
+    attempts = _Attempts(resume_from=resume_from, last_good=resume_from)
+    try:
+        return _train(typed, data, num_steps, tracker, attempts)
+    finally:
+        _teardown(typed, tracker, attempts.trainer)
+
+
+def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> int:
+    """Start Ray, then attempt until one finishes or the restart rule gives up; returns the exit code."""
     from verl.single_controller import PlacementError, WorkerDiedError
+
+    try:
+        start_ray(typed)
+    except ValueError as err:
+        logger.error("Bad config: %s", err)
+        return EXIT_BAD_CONFIG
+    fresh_loader_state = data.train_loader.state_dict()  # a restart with no checkpoint starts the data over
+    while True:
+        try:
+            _attempt(typed, data, num_steps, tracker, attempts)
+            return EXIT_OK
+        except WorkerDiedError as err:
+            code = _restart_after_death(err, typed, data.train_loader, fresh_loader_state, attempts)
+            if code is not None:
+                return code
+        except PlacementError as err:
+            return _placement_failed(err, attempts)
+        except UpdateFailedError as err:
+            return _policy_stopped(err, attempts.trainer)
+
+
+def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> None:
+    """One attempt: build the worker groups and a trainer on them, and fit from ``attempts.resume_from``.
+
+    Raises:
+        WorkerDiedError: a worker died; the groups are shut down and ``attempts.last_good`` is up to date.
+        PlacementError: the groups do not fit the cluster.
+        UpdateFailedError: the update-failure policy stopped training.
+    """
+    from verl.single_controller import WorkerDiedError
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    attempts.trainer, groups = None, ()
+    try:
+        groups = build_worker_groups(typed, num_steps)
+        attempts.trainer = RayPPOTrainer(
+            typed,
+            data.train_loader,
+            data.val_batches,
+            data.reward_fn,
+            *groups,
+            tracker,
+            num_steps,
+            resume_from=attempts.resume_from,
+            restarts=attempts.restarts,
+        )
+        attempts.trainer.fit()
+    except WorkerDiedError:
+        trainer = attempts.trainer
+        attempts.last_good = (trainer.last_checkpoint if trainer is not None else None) or attempts.last_good
+        shutdown_groups(*groups)  # the living ranks may sit in a collective with the dead one
+        raise
+    logger.info("training finished after %d steps: %s", attempts.trainer.global_step, attempts.trainer.final_summary())
+
+
+def _restart_after_death(err, typed: PPOConfig, train_loader, fresh_loader_state, attempts: _Attempts) -> int | None:
+    """The restart rule after a worker died: count the restart and choose where to resume (None: attempt again),
+    or give up with the exit code (no restart left, or the checkpoint to resume from is damaged)."""
     from verl.utils.checkpoint import remove_save_debris
 
-    trainer = None
-    max_restarts, restarts = typed.trainer.max_restarts, 0
-    last_good = resume_from  # the newest checkpoint known intact: a restart, or the next run, resumes from it
-    fresh_loader_state = data.train_loader.state_dict()  # a restart with no checkpoint starts the data over
+    max_restarts = typed.trainer.max_restarts
+    if attempts.restarts >= max_restarts:
+        logger.error("%s", describe_death(err, attempts.last_good, attempts.restarts, max_restarts))
+        return EXIT_WORKER_DIED
+    attempts.restarts += 1
+    remove_save_debris(typed.trainer.default_local_dir)  # before choosing again: a save the death interrupted
     try:
+        attempts.resume_from = checkpoint_after_death(typed, attempts.last_good)
+    except CheckpointError as bad:
+        logger.error("Cannot resume after a worker died (%s): %s", err, bad)
+        return EXIT_BAD_CHECKPOINT
+    if attempts.resume_from is None:
+        train_loader.load_state_dict(fresh_loader_state)
+    logger.warning(
+        "%s Restart %d of trainer.max_restarts=%d: rebuilding the worker groups and resuming from %s.",
+        err,
+        attempts.restarts,
+        max_restarts,
+        attempts.resume_from or "the start (no checkpoint yet)",
+    )
+    return None
+
+
+def _placement_failed(err, attempts: _Attempts) -> int:
+    """The exit code when the groups do not fit: the config's (at start-up), or a lost worker's (on a rebuild)."""
+    if attempts.restarts == 0:  # the request does not fit the cluster: the config's to change, or the cluster
+        logger.error("Cannot place the workers: %s", err)
+        return EXIT_BAD_CONFIG
+    logger.error(
+        "The workers could not be rebuilt after a worker died: %s Last good checkpoint: %s.",
+        err,
+        attempts.last_good or "none",
+    )
+    return EXIT_WORKER_DIED
+
+
+def _policy_stopped(err: UpdateFailedError, trainer) -> int:
+    """The exit code when the update-failure policy stopped training, with the last good checkpoint named."""
+    where = trainer.last_checkpoint if trainer is not None else None
+    logger.error(
+        "Training stopped by the update-failure policy: %s Last good checkpoint: %s.",
+        err,
+        where if where is not None else "none (set trainer.save_freq to keep checkpoints)",
+    )
+    return EXIT_POLICY_STOP
+
+
+def _teardown(typed: PPOConfig, tracker, trainer) -> None:
+    """Whatever the outcome: the latest trainer's update summary, the tracker closed, the training plot drawn."""
+    if trainer is not None:
+        trainer.log_update_summary()
+    tracker.close()
+    log_dir = Path(typed.trainer.default_local_dir)
+    if typed.trainer.plot and (log_dir / "metrics.jsonl").exists():
+        from verl.utils.plot import plot_training_curves
+
         try:
-            start_ray(typed)
-        except ValueError as err:
-            logger.error("Bad config: %s", err)
-            return EXIT_BAD_CONFIG
-        while True:
-            trainer, groups = None, ()
-            try:
-                groups = build_worker_groups(typed, num_steps)
-                trainer = RayPPOTrainer(
-                    typed,
-                    data.train_loader,
-                    data.val_batches,
-                    data.reward_fn,
-                    *groups,
-                    tracker,
-                    num_steps,
-                    resume_from=resume_from,
-                    restarts=restarts,
-                )
-                trainer.fit()
-                logger.info("training finished after %d steps: %s", trainer.global_step, trainer.final_summary())
-                return EXIT_OK
-            except WorkerDiedError as err:
-                last_good = (trainer.last_checkpoint if trainer is not None else None) or last_good
-                shutdown_groups(*groups)  # the living ranks may sit in a collective with the dead one
-                if restarts >= max_restarts:
-                    logger.error("%s", describe_death(err, last_good, restarts, max_restarts))
-                    return EXIT_WORKER_DIED
-                restarts += 1
-                remove_save_debris(log_dir)  # before choosing again: a save the death interrupted
-                try:
-                    resume_from = checkpoint_after_death(typed, last_good)
-                except CheckpointError as bad:
-                    logger.error("Cannot resume after a worker died (%s): %s", err, bad)
-                    return EXIT_BAD_CHECKPOINT
-                if resume_from is None:
-                    data.train_loader.load_state_dict(fresh_loader_state)
-                logger.warning(
-                    "%s Restart %d of trainer.max_restarts=%d: rebuilding the worker groups and resuming from %s.",
-                    err,
-                    restarts,
-                    max_restarts,
-                    resume_from or "the start (no checkpoint yet)",
-                )
-            except PlacementError as err:
-                if restarts == 0:  # the request does not fit the cluster: the config's to change, or the cluster
-                    logger.error("Cannot place the workers: %s", err)
-                    return EXIT_BAD_CONFIG
-                logger.error(
-                    "The workers could not be rebuilt after a worker died: %s Last good checkpoint: %s.",
-                    err,
-                    last_good or "none",
-                )
-                return EXIT_WORKER_DIED
-    except UpdateFailedError as err:
-        where = trainer.last_checkpoint if trainer is not None else None
-        logger.error(
-            "Training stopped by the update-failure policy: %s Last good checkpoint: %s.",
-            err,
-            where if where is not None else "none (set trainer.save_freq to keep checkpoints)",
-        )
-        return EXIT_POLICY_STOP
-    finally:
-        if trainer is not None:
-            trainer.log_update_summary()
-        tracker.close()
-        if typed.trainer.plot and (log_dir / "metrics.jsonl").exists():
-            from verl.utils.plot import plot_training_curves
-
-            try:
-                path = plot_training_curves(log_dir / "metrics.jsonl", log_dir / "training_curves.png")
-                logger.info("plot of reward, loss scale and failed updates: %s", path)
-            except Exception as err:  # a plot must never hide the run's own outcome
-                logger.warning("could not draw the training plot: %s", err)
+            path = plot_training_curves(log_dir / "metrics.jsonl", log_dir / "training_curves.png")
+            logger.info("plot of reward, loss scale and failed updates: %s", path)
+        except Exception as err:  # a plot must never hide the run's own outcome
+            logger.warning("could not draw the training plot: %s", err)
 
 
-def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name: str) -> DictConfig:
-    """Hydra's composition of ``config_name`` with the ``key=value`` overrides of ``argv``.
+def parse_command_line(argv: Sequence[str], config_dir: Path, config_name: str) -> ComposedConfig:
+    """The command line's config: ``--config-path``/``--config-name`` (defaulting to ``config_dir`` and
+    ``config_name``) composed with the ``key=value`` overrides of ``argv``, and that file's defaults.
 
     Raises:
         ValueError: an unknown option, a malformed override, or a key the config does not have.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     parser = argparse.ArgumentParser(prog="python -m verl.trainer.main_ppo", add_help=True)
     parser.add_argument("--config-name", "-cn", default=config_name, help="config file name (without .yaml)")
     parser.add_argument("--config-path", "-cp", default=str(config_dir), help="directory of the config files")
@@ -458,16 +389,19 @@ def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name
     args, unknown = parser.parse_known_args(list(argv))
     if unknown:
         raise ValueError(f"unknown command-line option(s) {unknown}; pass settings as key=value overrides.")
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(Path(args.config_path).resolve()), version_base=None):
-            config = compose(config_name=args.config_name, overrides=args.overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ValueError(_explain_override_error(args.overrides) or str(err).strip()) from None
-    plain = OmegaConf.to_container(config, resolve=False)
-    plain.pop("hydra", None)
-    return OmegaConf.create(plain)
+        return compose_with_defaults(args.overrides, args.config_name, Path(args.config_path))
+    except ValueError as err:
+        raise ValueError(_explain_override_error(args.overrides) or str(err)) from None
+
+
+def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name: str) -> DictConfig:
+    """The composed config of :func:`parse_command_line` alone (without the file's defaults).
+
+    Raises:
+        ValueError: an unknown option, a malformed override, or a key the config does not have.
+    """
+    return parse_command_line(argv, config_dir, config_name).config
 
 
 def _explain_override_error(overrides: Sequence[str]) -> str | None:
@@ -486,7 +420,7 @@ def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config
     """The command line: compose, run, exit with :func:`run`'s code (2 when the config does not compose)."""
     setup_logging()
     try:
-        config = compose_from_command_line(sys.argv[1:] if argv is None else argv, config_dir, config_name)
+        config = parse_command_line(sys.argv[1:] if argv is None else argv, config_dir, config_name)
     except ValueError as err:
         logger.error("Bad config: %s", err)
         sys.exit(EXIT_BAD_CONFIG)

@@ -1,43 +1,172 @@
-"""Composing the YAML config outside the command line: for scripts, tests and benchmarks.
+"""Composing the YAML config: the one place Hydra runs, for the command line, scripts, tests and benchmarks.
 
-:func:`compose_ppo_config` composes ``ppo_trainer.yaml`` (or another config of the same folder) with Hydra's
-override syntax, exactly as ``python -m verl.trainer.main_ppo key=value`` would, and validates it.
+:func:`compose_with_defaults` composes a config file (``ppo_trainer.yaml`` by default, or any file of any config
+folder, such as ``ppo_megatron_trainer.yaml`` or a recipe's) with Hydra's override syntax, exactly as
+``python -m verl.trainer.main_ppo key=value`` does, and the same file without overrides next to it: its defaults,
+against which :meth:`~verl.workers.config.PPOConfig.from_omegaconf` refuses settings that nothing would read.
+Composition leaves Hydra's global state as it found it, also when the caller has initialised Hydra itself.
+:func:`compose_ppo_config` composes and validates; :func:`compose_omegaconf` gives the composed config alone;
 :func:`load_section` gives one validated section (``actor_rollout_ref.actor``, ``critic``...) of the defaults with
-some keys changed, for code that builds one model without a whole run.
+some keys changed, for code that builds one model without a whole run. :func:`plain_values` and :func:`default_at`
+read a composed config for validation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import Container, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from verl.workers.config.schema import BaseConfig, build_config
+
+if TYPE_CHECKING:
+    from verl.workers.config.ppo import PPOConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "trainer" / "config"
 
 
-def compose_omegaconf(overrides: Sequence[str] = (), config_name: str = "ppo_trainer") -> DictConfig:
-    """The composed (unvalidated) config, with Hydra's own section removed."""
-    from hydra import compose, initialize_config_dir
+@dataclasses.dataclass(frozen=True)
+class ComposedConfig:
+    """A composed config together with the defaults of the file it was composed from.
+
+    Attributes:
+        config: the file with the overrides applied (unresolved, without Hydra's own section).
+        defaults: the same file without overrides: what "changed from its default" is measured against.
+    """
+
+    config: DictConfig
+    defaults: DictConfig
+
+    def validate(self) -> PPOConfig:
+        """The typed :class:`~verl.workers.config.PPOConfig`, settings that nothing reads refused.
+
+        Raises:
+            ValueError: as :meth:`~verl.workers.config.PPOConfig.from_omegaconf`.
+        """
+        from verl.workers.config.ppo import PPOConfig
+
+        return PPOConfig.from_omegaconf(self.config, defaults=self.defaults)
+
+
+@contextlib.contextmanager
+def _hydra_initialised_on(config_dir: Path) -> Iterator[None]:
+    """Hydra initialised on ``config_dir`` for the block; its global state afterwards exactly as before.
+
+    Hydra keeps its initialisation in process-wide singletons and refuses to initialise twice. A caller's own
+    initialisation (``@hydra.main``, ``initialize_config_dir``) lives in the same singletons, so ours must neither
+    clear it nor leave anything behind. ``initialize_config_dir`` only restores ``GlobalHydra`` (from a copy taken
+    before it raises for an initialised one), and leaves the version base and the job name set: the three are set
+    aside here, ours start fresh, and the caller's objects are put back afterwards, untouched.
+    """
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.singleton import Singleton
+    from hydra.core.utils import JobRuntime
+    from hydra.version import VersionBase
 
-    if GlobalHydra.instance().is_initialized():
-        GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        config = compose(config_name=config_name, overrides=list(overrides))
-    with_hydra = OmegaConf.to_container(config, resolve=False)
-    with_hydra.pop("hydra", None)
-    return OmegaConf.create(with_hydra)
+    owned = (GlobalHydra, VersionBase, JobRuntime)
+    instances = Singleton._instances  # Hydra's own backup (hydra.initialize.get_gh_backup) works on it too
+    saved = {cls: instances.pop(cls) for cls in owned if cls in instances}
+    try:
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+            yield
+    finally:
+        for cls in owned:
+            instances.pop(cls, None)
+        instances.update(saved)
 
 
-def compose_ppo_config(overrides: Sequence[str] = (), config_name: str = "ppo_trainer"):
-    """A validated :class:`~verl.workers.config.PPOConfig` from the YAML plus Hydra-style ``overrides``."""
-    from verl.workers.config.ppo import PPOConfig
+def _compose_files(config_dir: str | Path, config_name: str, override_lists: Sequence[Sequence[str]]) -> list:
+    """``config_name`` of ``config_dir`` composed once per list of overrides, under one Hydra initialisation.
 
-    return PPOConfig.from_omegaconf(compose_omegaconf(overrides, config_name))
+    Raises:
+        ValueError: the config does not compose (a missing file, a malformed override, a key it does not have).
+    """
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    try:
+        with _hydra_initialised_on(Path(config_dir).resolve()):
+            composed = [compose(config_name=config_name, overrides=list(overrides)) for overrides in override_lists]
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(str(err).strip()) from None
+    configs = []
+    for config in composed:
+        plain = OmegaConf.to_container(config, resolve=False)
+        plain.pop("hydra", None)
+        configs.append(OmegaConf.create(plain))  # a plain (non-struct) config, as callers have always received
+    return configs
+
+
+def compose_with_defaults(
+    overrides: Sequence[str] = (), config_name: str = "ppo_trainer", config_dir: str | Path = CONFIG_DIR
+) -> ComposedConfig:
+    """``config_name`` of ``config_dir`` with Hydra-style ``overrides``, and the same file's defaults.
+
+    Raises:
+        ValueError: the config does not compose; the message is Hydra's.
+    """
+    config, defaults = _compose_files(config_dir, config_name, [overrides, ()])
+    return ComposedConfig(config, defaults)
+
+
+def compose_omegaconf(
+    overrides: Sequence[str] = (), config_name: str = "ppo_trainer", config_dir: str | Path = CONFIG_DIR
+) -> DictConfig:
+    """The composed (unvalidated) config, with Hydra's own section removed.
+
+    Raises:
+        ValueError: the config does not compose; the message is Hydra's.
+    """
+    (config,) = _compose_files(config_dir, config_name, [overrides])
+    return config
+
+
+def compose_ppo_config(
+    overrides: Sequence[str] = (), config_name: str = "ppo_trainer", config_dir: str | Path = CONFIG_DIR
+) -> PPOConfig:
+    """A validated :class:`~verl.workers.config.PPOConfig` from the YAML plus Hydra-style ``overrides``.
+
+    Raises:
+        ValueError: the config does not compose, or does not validate (as the command line's exit code 2).
+    """
+    return compose_with_defaults(overrides, config_name, config_dir).validate()
+
+
+def plain_values(config: Any) -> dict[str, Any]:
+    """A composed config (DictConfig or mapping) as plain resolved values, without Hydra's own section.
+
+    Raises:
+        ValueError: an interpolation does not resolve.
+    """
+    if isinstance(config, DictConfig):
+        try:
+            config = OmegaConf.to_container(config, resolve=True)
+        except OmegaConfBaseException as err:
+            raise ValueError(f"the config does not resolve: {err}") from None
+    return {key: value for key, value in dict(config).items() if key != "hydra"}
+
+
+def default_at(defaults: Any, key: str) -> Any:
+    """The plain, resolved value of the dotted ``key`` in ``defaults`` (a DictConfig or a nested mapping).
+
+    Raises:
+        ValueError: the value does not resolve.
+    """
+    if not isinstance(defaults, DictConfig):
+        for part in key.split("."):
+            defaults = defaults[part]
+        return defaults
+    try:
+        value = OmegaConf.select(defaults, key, throw_on_missing=True)  # resolves an interpolation at the key
+        return OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
+    except OmegaConfBaseException as err:
+        raise ValueError(f"the default of {key} does not resolve: {err}") from None
 
 
 def load_section(cls: type[BaseConfig], overrides: Mapping[str, Any] | None = None, config_name="ppo_trainer"):

@@ -1,0 +1,154 @@
+"""Composing the config: one mechanism for scripts and the command line, Hydra's global state left as found, and
+settings that nothing reads refused against the defaults of the file the config was composed from, at load time
+only (building or replacing a typed config reads no file and calls no Hydra)."""
+
+import builtins
+import io
+import logging
+import re
+import textwrap
+
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+from hydra._internal.hydra import Hydra
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.singleton import Singleton
+
+from verl.trainer import main_ppo
+from verl.workers.config import PPOConfig, compose_omegaconf, compose_ppo_config, compose_with_defaults
+
+OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload=true"
+OFFLOAD_REFUSED = r"actor_rollout_ref.actor.fsdp_config is set, but nothing reads it: it applies with .*strategy=fsdp2"
+
+
+def hydra_state() -> dict:
+    """Hydra's process-wide objects that an initialisation sets, by identity."""
+    from hydra.core.utils import JobRuntime
+    from hydra.version import VersionBase
+
+    return {cls: Singleton._instances.get(cls) for cls in (GlobalHydra, VersionBase, JobRuntime)}
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("validation must not compose or read files")
+
+
+def test_building_and_replacing_a_config_neither_composes_nor_reads_files(monkeypatch):
+    composed = compose_with_defaults()
+    PPOConfig.from_omegaconf(composed.config)  # imports everything validation imports lazily
+    before = hydra_state()
+    monkeypatch.setattr(Hydra, "compose_config", refuse)
+    monkeypatch.setattr(builtins, "open", refuse)
+    monkeypatch.setattr(io, "open", refuse)
+    typed = PPOConfig.from_omegaconf(composed.config)
+    replaced = typed.replace(trainer=typed.trainer.replace(total_epochs=2))
+    assert replaced.trainer.total_epochs == 2
+    # the comparison with the defaults reads the defaults composed at load time, not the file
+    assert PPOConfig.from_omegaconf(composed.config, defaults=composed.defaults) == typed
+    assert hydra_state() == before
+
+
+def test_composition_keeps_a_callers_hydra_initialisation(tmp_path):
+    (tmp_path / "mine.yaml").write_text("answer: 42\n")
+    with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
+        before, hydra = hydra_state(), GlobalHydra.instance().hydra
+        compose_ppo_config(["trainer.total_epochs=2"])
+        compose_omegaconf(config_name="ppo_megatron_trainer")
+        assert hydra_state() == before and GlobalHydra.instance().hydra is hydra
+        assert compose(config_name="mine").answer == 42  # still composing from the caller's folder
+    assert not GlobalHydra.instance().is_initialized()
+
+
+def test_composition_leaves_hydra_uninitialised_when_it_was():
+    before = hydra_state()
+    compose_ppo_config()
+    with pytest.raises(ValueError, match="update_failure_polcy"):  # a failed composition too
+        compose_omegaconf(["actor_rollout_ref.actor.update_failure_polcy=strict"])
+    assert hydra_state() == before
+
+
+def test_inert_setting_is_refused_on_the_command_line(monkeypatch, caplog):
+    monkeypatch.setattr(main_ppo, "setup_logging", lambda: None)  # it would remove caplog's handler
+    with caplog.at_level(logging.ERROR, logger="verl.trainer"), pytest.raises(SystemExit) as info:
+        main_ppo.cli([OFFLOAD])
+    assert info.value.code == main_ppo.EXIT_BAD_CONFIG
+    assert not ray.is_initialized()
+    (message,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert message.startswith("Bad config: ")
+    assert re.search(OFFLOAD_REFUSED, message)
+
+
+def test_inert_setting_is_refused_by_compose_ppo_config():
+    with pytest.raises(ValueError, match=OFFLOAD_REFUSED):
+        compose_ppo_config([OFFLOAD])
+
+
+def test_megatron_config_is_checked_against_its_own_defaults():
+    composed = compose_with_defaults(config_name="ppo_megatron_trainer")
+    assert composed.defaults.actor_rollout_ref.actor.strategy == "megatron"
+    assert composed.validate().actor_rollout_ref.actor.strategy == "megatron"
+    with pytest.raises(ValueError, match=r"fsdp_config is set, but nothing reads it: .*it trains with megatron"):
+        compose_ppo_config([OFFLOAD], "ppo_megatron_trainer")
+
+
+@pytest.fixture
+def recipe_dir(tmp_path):
+    """A recipe-style config folder: ppo_trainer.yaml with a vLLM engine key of its own (the rollout stays naive)."""
+    (tmp_path / "my_recipe.yaml").write_text(
+        textwrap.dedent(
+            """\
+            defaults:
+              - ppo_trainer
+              - _self_
+            hydra:
+              searchpath:
+                - pkg://verl.trainer.config
+            actor_rollout_ref:
+              rollout:
+                gpu_memory_utilization: 0.3
+            """
+        )
+    )
+    return tmp_path
+
+
+def test_a_recipes_own_settings_are_its_defaults_not_changes(recipe_dir):
+    # ppo_trainer.yaml's default is another value: compared with that file, the recipe itself would be refused
+    typed = compose_ppo_config([], "my_recipe", recipe_dir)
+    assert typed.actor_rollout_ref.rollout.gpu_memory_utilization == 0.3
+    with pytest.raises(ValueError, match=r"rollout.gpu_memory_utilization is set, but nothing reads it"):
+        compose_ppo_config(["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"], "my_recipe", recipe_dir)
+
+
+def test_command_line_config_path_and_name_compose_the_defaults_of_that_file(recipe_dir):
+    composed = main_ppo.parse_command_line(
+        ["--config-path", str(recipe_dir), "--config-name", "my_recipe", "trainer.total_epochs=2"],
+        main_ppo.CONFIG_DIR,
+        "ppo_trainer",
+    )
+    assert composed.config.trainer.total_epochs == 2
+    assert composed.defaults.actor_rollout_ref.rollout.gpu_memory_utilization == 0.3
+    assert composed.validate().trainer.total_epochs == 2
+
+
+def test_defaults_resolve_only_where_compared(tmp_path, monkeypatch):
+    # a recipe that takes its model from the environment; the user names the model instead
+    monkeypatch.delenv("MY_RECIPE_MODEL_DIR", raising=False)
+    (tmp_path / "env_recipe.yaml").write_text(
+        textwrap.dedent(
+            """\
+            defaults:
+              - ppo_trainer
+              - _self_
+            hydra:
+              searchpath:
+                - pkg://verl.trainer.config
+            actor_rollout_ref:
+              model:
+                path: ${oc.env:MY_RECIPE_MODEL_DIR}
+            """
+        )
+    )
+    typed = compose_ppo_config(["actor_rollout_ref.model.path=default"], "env_recipe", tmp_path)
+    assert typed.actor_rollout_ref.model.path == "default"

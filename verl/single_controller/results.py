@@ -1,0 +1,159 @@
+"""Collecting the results of a worker-group call, and telling a worker's error from a dead worker.
+
+:func:`get_all` waits for every rank of a call. A worker's exception comes back on the driver as the same type
+with the same message (callers ``except`` the project's own errors), the lowest failed rank's, with the other
+ranks' failures folded in or logged. A rank whose process is gone (killed, crashed, its node lost) outranks every
+other failure, since the others' errors (a collective that lost its peer) follow from it: it is reported as
+:class:`WorkerDiedError` naming the group, the rank and the node. Once one rank failed the others get a bounded
+grace period, so a rank stuck in a collective with a dead peer never hangs the driver. :class:`PendingResult` is
+a call in flight: it collects with :func:`get_all` and records the call's timing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
+
+from verl.single_controller.timing import CallTiming
+from verl.single_controller.transport import unpack
+
+logger = logging.getLogger(__name__)
+
+# After one rank fails, how long to wait for the others: they may be stuck in a collective with the failed rank.
+ERROR_GRACE_S = 10.0
+# After one rank died, how long to wait for the others to be reported: a lost node takes all of its ranks at once,
+# and the lowest dead rank is reported. The living ones need not finish: the group is torn down anyway.
+DEATH_GRACE_S = 2.0
+
+
+class WorkerDiedError(RuntimeError):
+    """A rank's process is gone (killed, crashed, or its node lost); its group cannot go on and must be rebuilt.
+
+    Attributes:
+        role: the group's name prefix (``actor_rollout_ref``, ``critic``, ...).
+        rank: the dead rank (the lowest one when several died together).
+        node_id: the Ray node id the rank ran on.
+        node_ip: that node's IP.
+        reason: Ray's account of the death.
+    """
+
+    def __init__(self, role: str, rank: int, node_id: str, node_ip: str, reason: str) -> None:
+        self.role, self.rank, self.node_id, self.node_ip, self.reason = role, rank, node_id, node_ip, reason
+        super().__init__(f"worker {role} rank {rank} on node {node_id} ({node_ip}) died: {reason}")
+
+    def __reduce__(self):
+        return type(self), (self.role, self.rank, self.node_id, self.node_ip, self.reason)
+
+
+def death_reason(err: RayActorError) -> str:
+    """Ray's account of a death in one line: without the actor's id fields (the rank and node say more), the
+    opening sentence every death repeats, and the list of common causes."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    fields = ("class_name:", "actor_id:", "pid:", "name:", "namespace:", "ip:")
+    text = " ".join(line for line in lines if line and not line.startswith(fields))
+    text = text.replace(ActorDiedError.BASE_ERROR_MSG, "").split(" Some common causes")[0].strip()
+    return text or type(err).__name__
+
+
+def _unwrap_task_error(err: RayTaskError, rank: int) -> BaseException:
+    """The worker's own exception, with the remote traceback and the rank attached, or ``err`` itself."""
+    cause = getattr(err, "cause", None)
+    if not isinstance(cause, BaseException) or isinstance(cause, RayTaskError):
+        return err
+    try:
+        cause.remote_traceback = getattr(err, "traceback_str", str(err))
+        cause.rank = rank
+    except AttributeError:  # exception types with __slots__ cannot take attributes; the type and message survive
+        pass
+    return cause
+
+
+def get_all(
+    refs: list, ranks: list[int], on_death: Callable[[int, RayActorError], BaseException] | None = None
+) -> list:
+    """``ray.get`` every ref; on failure, re-raise the most telling error.
+
+    A dead rank (its process gone) outranks every other failure, since the others' errors (a collective that lost
+    its peer) follow from it: the lowest dead rank is raised, as ``on_death(rank, err)`` builds it (Ray's own
+    error without it). Otherwise the lowest failed rank's exception is re-raised as its own type; ranks that raise
+    the same type and message are folded into it, other failures are logged. Once a rank failed, the others get
+    ``ERROR_GRACE_S`` seconds to finish (``DEATH_GRACE_S`` once one died).
+
+    Raises:
+        BaseException: the dead rank's error, or the worker's exception (same type and message) with
+            ``remote_traceback`` and ``rank``.
+    """
+    index_of = {ref: i for i, ref in enumerate(refs)}
+    outputs: list[Any] = [None] * len(refs)
+    errors: dict[int, BaseException] = {}
+    deaths: dict[int, RayActorError] = {}
+    pending, deadline = list(refs), None
+    while pending:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+        if not ready:
+            logger.warning("%d rank(s) had not finished when the failure was reported", len(pending))
+            break
+        i = index_of[ready[0]]
+        try:
+            outputs[i] = ray.get(ready[0])
+        except RayActorError as err:
+            if err.actor_init_failed:  # the constructor raised: an error of the code, not a death to recover from
+                errors[ranks[i]] = err
+                deadline = deadline or time.monotonic() + ERROR_GRACE_S
+            else:
+                deaths[ranks[i]] = err
+                death_deadline = time.monotonic() + DEATH_GRACE_S
+                deadline = death_deadline if deadline is None else min(deadline, death_deadline)
+        except RayTaskError as err:
+            errors[ranks[i]] = _unwrap_task_error(err, ranks[i])
+            deadline = deadline or time.monotonic() + ERROR_GRACE_S
+    if deaths:
+        dead_rank = min(deaths)
+        for rank, err in sorted(errors.items()):
+            logger.info("rank %d failed after rank %d died: %s: %s", rank, dead_rank, type(err).__name__, err)
+        if len(deaths) > 1:
+            logger.warning("ranks %s died together", sorted(deaths))
+        if on_death is None:
+            raise deaths[dead_rank]
+        raise on_death(dead_rank, deaths[dead_rank]) from None
+    if not errors:
+        return outputs
+    first_rank = min(errors)
+    first = errors[first_rank]
+    for rank, err in sorted(errors.items()):
+        if rank != first_rank and (type(err), str(err)) != (type(first), str(first)):
+            logger.warning("rank %d also failed: %s: %s", rank, type(err).__name__, err)
+    raise first.with_traceback(None)
+
+
+class PendingResult:
+    """The result of a group call; ``get()`` waits for every rank, collects, and records the call's timing.
+
+    The refs are of :meth:`~verl.single_controller.worker.Worker.run_timed` calls, ``(result, seconds)`` per rank.
+    """
+
+    def __init__(
+        self,
+        refs: list,
+        ranks: list[int],
+        collect: Callable[[list], Any],
+        on_death: Callable | None = None,
+        on_timing: Callable[[CallTiming], None] | None = None,
+        start: float | None = None,
+    ) -> None:
+        self._refs, self._ranks, self._collect, self._on_death = refs, ranks, collect, on_death
+        self._on_timing = on_timing
+        self._start = time.perf_counter() if start is None else start  # perf_counter() when the call began
+
+    def get(self) -> Any:
+        timed = get_all(self._refs, self._ranks, self._on_death)
+        result = self._collect([unpack(output) for output, _ in timed])
+        if self._on_timing is not None:
+            self._on_timing(CallTiming(time.perf_counter() - self._start, max(seconds for _, seconds in timed)))
+        return result

@@ -1,0 +1,174 @@
+"""Ray and the worker groups of a run: joining or starting Ray, and placing and starting the actor and critic groups.
+
+:func:`start_ray` starts a local Ray instance or joins the cluster at ``ray_init.address``; :func:`worker_classes`
+is the one place a backend's worker classes are chosen; :func:`build_worker_groups` places ``trainer.nnodes`` x
+``trainer.n_gpus_per_node`` ranks (:func:`cpus_per_worker` sizes their CPU share from the cluster's nodes) and
+starts the groups on them; :func:`shutdown_groups` kills them. ``verl.trainer.main_ppo`` calls these once per
+attempt (again after a worker died) and re-exports them under its own name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from verl.workers.config import PPOConfig
+
+logger = logging.getLogger(__name__)
+
+
+def start_ray(config: PPOConfig) -> None:
+    """A local Ray instance, or the cluster at ``ray_init.address`` (``auto``: the one this machine belongs to).
+
+    Raises:
+        ValueError: ``ray_init.num_cpus`` given with an address, or no cluster to join at that address.
+    """
+    import ray
+
+    from verl.utils.cpu_linear import primitive_cache_env
+
+    if ray.is_initialized():
+        return
+    address, num_cpus = config.ray_init.address, config.ray_init.num_cpus
+    if address is not None and num_cpus is not None:
+        raise ValueError(
+            f"ray_init.num_cpus={num_cpus} sizes a local Ray instance, but ray_init.address={address!r} joins a "
+            "cluster whose nodes were sized by `ray start --num-cpus`; set ray_init.num_cpus=null."
+        )
+    repo_root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    threads = max(1, (os.cpu_count() or 1) // config.world_size)
+    # Ray starts its workers at niceness 15, so that its own daemons stay responsive; our workers do the training,
+    # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
+    # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
+    # sets it when it starts (`RAY_worker_niceness=0 ray start ...`, docs/start/multinode.md).
+    cache_env = primitive_cache_env()  # bounds oneDNN's kernel caches in the workers (verl.utils.cpu_linear)
+    local_only = {"_system_config": {"worker_niceness": 0}} if address is None else {}
+    try:
+        ray.init(
+            # null means a local instance of our own, even when this machine runs a cluster (`ray start`)
+            address="local" if address is None else address,
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads), **cache_env}},
+            **local_only,
+        )
+    except ConnectionError as err:
+        raise ValueError(
+            f"ray_init.address={address!r}: no Ray cluster to join ({str(err).splitlines()[0]}). Start one with "
+            "`ray start --head` (docs/start/multinode.md), give its address, or set ray_init.address=null for a "
+            "local instance."
+        ) from None
+    if address is not None:
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        total = ray.cluster_resources()
+        logger.info(
+            "joined the Ray cluster at %s: %d alive node(s), %g CPU, %g GPU",
+            address,
+            len(nodes),
+            total.get("CPU", 0),
+            total.get("GPU", 0),
+        )
+
+
+def worker_classes(strategy: str):
+    """(actor-rollout-ref worker class, critic worker class) of a backend: the one place a backend is chosen."""
+    if strategy == "megatron":
+        from verl.workers.megatron_workers import MegatronActorRolloutRefWorker, MegatronCriticWorker
+
+        return MegatronActorRolloutRefWorker, MegatronCriticWorker
+    from verl.workers.config.roles import FSDP_STRATEGIES
+
+    if strategy in FSDP_STRATEGIES:
+        from verl.workers.fsdp_workers import FSDPActorRolloutRefWorker, FSDPCriticWorker
+
+        return FSDPActorRolloutRefWorker, FSDPCriticWorker
+    from verl.workers.dp_workers import DPActorRolloutRefWorker, DPCriticWorker
+
+    return DPActorRolloutRefWorker, DPCriticWorker
+
+
+def build_worker_groups(config: PPOConfig, num_steps: int):
+    """The actor (+rollout, +ref) worker group and, when a value model is needed, the critic group.
+
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the two groups share
+    one resource pool, so rank ``r`` of both runs in the same bundle (same node, same GPU). On failure, whatever
+    was started is torn down before the error propagates.
+
+    Raises:
+        PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
+        WorkerDiedError: a worker died while the groups started.
+    """
+    from verl.single_controller import (
+        PlacementError,
+        RayClassWithInitArgs,
+        RayResourcePool,
+        RayWorkerGroup,
+    )
+
+    trainer = config.trainer
+    use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
+    groups = 2 if config.needs_critic else 1
+    cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups)
+    pool = RayResourcePool(
+        config.world_size,
+        num_cpus_per_worker=cpus,
+        num_gpus_per_worker=(1 / groups) if use_gpu else 0,
+        nnodes=trainer.nnodes,
+        max_colocate=groups,
+        placement_timeout_s=config.trainer.placement_timeout_s,
+    )
+    started = []
+
+    def start(worker_cls, name_prefix: str):
+        group = RayWorkerGroup(
+            pool,
+            RayClassWithInitArgs(worker_cls, config, num_steps),
+            name_prefix=name_prefix,
+            collective_timeout_s=config.trainer.collective_timeout_s,
+        )
+        started.append(group)
+        for line in group.init_model():
+            logger.info("%s", line)
+        return group
+
+    try:
+        actor_wg = start(worker_classes(config.actor_rollout_ref.actor.strategy)[0], "actor_rollout_ref")
+        critic_wg = start(worker_classes(config.critic_strategy)[1], "critic") if groups == 2 else None
+    except PlacementError as err:
+        shutdown_groups(*started)
+        raise PlacementError(
+            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
+            f"({'GPU' if use_gpu else 'CPU'} ranks) does not fit the Ray cluster: {err} Add nodes "
+            "(`ray start --address=<head>` on each, see docs/start/multinode.md) or lower trainer.nnodes / "
+            "trainer.n_gpus_per_node."
+        ) from None
+    except BaseException:
+        shutdown_groups(*started)
+        raise
+    return actor_wg, critic_wg
+
+
+def cpus_per_worker(nnodes: int, workers_per_node: int) -> float:
+    """Up to one CPU per worker, less where the nodes are small: the ``nnodes``-th largest node's CPUs are shared
+    by the workers of one node (0.1 at least, so that a cluster of tiny nodes gets a placement error, not a hang)."""
+    import ray
+
+    sizes = sorted((node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node.get("Alive")), reverse=True)
+    node_cpus = sizes[min(nnodes, len(sizes)) - 1] if sizes else 1.0
+    return max(0.1, min(1.0, node_cpus / workers_per_node))
+
+
+def shutdown_groups(*groups) -> None:
+    """Kill the workers of every group given (None entries are skipped) and free their placement."""
+    for group in groups:
+        if group is not None:
+            group.shutdown()
+
+
+def _cluster_has_gpus() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
