@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tests.workers.rollout.conftest import sampling_options
+
 
 def _run(
     rank: int, world_size: int, port: int, queue, scenarios: dict[str, Callable[[int], dict]], backend: str = "gloo"
@@ -145,13 +147,13 @@ def _strict_stop(rank: int) -> dict:
 
     actor = _actor(update_failure_policy="strict", fault_injection={"nonfinite_grad_steps": [3], "ranks": [1]})
     batch = _batch(actor, rank)
-    applied = []
+    update_failed = []
     try:
         for _ in range(5):
-            applied.append(actor.update_policy(batch)["actor/update_failed"])
+            update_failed.append(actor.update_policy(batch)["actor/update_failed"])
     except UpdateFailedError as err:
-        return {"raised_at": err.step, "applied": applied}
-    return {"raised_at": None, "applied": applied}
+        return {"raised_at": err.step, "update_failed": update_failed}
+    return {"raised_at": None, "update_failed": update_failed}
 
 
 def _critic_overflow(rank: int) -> dict:
@@ -216,7 +218,9 @@ def _rollout_stop(rank: int) -> dict:
         logits[:, -1, eos if ends_now else 5] = 0.0
         return logits
 
-    rollout = NaiveRollout(logits_fn, {"response_length": 4, "do_sample": False}, pad_token_id=0, eos_token_id=eos)
+    rollout = NaiveRollout(
+        logits_fn, sampling_options(n=1, response_length=4, do_sample=False), pad_token_id=0, eos_token_id=eos
+    )
     rollout.synchronize_stop(dist.group.WORLD)
     ids = torch.full((2, 3), 4)
     for ends_at_two in (True, False):
@@ -264,7 +268,7 @@ def _resume(rank: int, root: Path) -> dict:
         "round_trip": loaded == saved,
         "state_after_load": state_after_load,
         "metrics_equal": straight == again,
-        "applied": [m["actor/update_failed"] for m in straight],
+        "update_failed": [m["actor/update_failed"] for m in straight],
         "weights_equal": _full_bytes(actor.actor_module) == _full_bytes(resumed.actor_module),
         "files": files,
     }
@@ -307,17 +311,17 @@ def _cuda_train_and_resume(rank: int, root: Path, name: str, **overrides) -> dic
     overrides = {"dtype": "float16", "optim": {"initial_loss_scale": 1024.0}, **overrides}
     actor = _actor(device="cuda", **overrides)
     batches = [_batch(actor, rank, seed_offset=i, device="cuda") for i in range(3)]
-    applied = [actor.update_policy(b)["actor/update_failed"] for b in batches[:2]]
+    update_failed = [actor.update_policy(b)["actor/update_failed"] for b in batches[:2]]
     actor.save_checkpoint(root / name)
     dist.barrier()
-    applied.append(actor.update_policy(batches[2])["actor/update_failed"])
+    update_failed.append(actor.update_policy(batches[2])["actor/update_failed"])
     resumed = _actor(seed=1, device="cuda", **overrides)
     resumed.load_checkpoint(root / name)
     resumed.update_policy(batches[2])
     params = list(actor.actor_module.parameters())
     states = [v for s in actor.optimizer.optimizer.state.values() for v in s.values() if v.dim() > 0]
     return {
-        "applied": applied,
+        "update_failed": update_failed,
         "param_device": local_tensor(params[0]).device.type,
         "grad_device": local_tensor(params[0].grad).device.type,
         "state_devices": sorted({local_tensor(v).device.type for v in states}),
@@ -339,7 +343,9 @@ def _cuda_rollout_stop(rank: int) -> dict:
         logits[:, -1, 2 if end else 5] = 0.0
         return logits
 
-    rollout = NaiveRollout(logits_fn, {"response_length": 6, "do_sample": False}, pad_token_id=0, eos_token_id=2)
+    rollout = NaiveRollout(
+        logits_fn, sampling_options(n=1, response_length=6, do_sample=False), pad_token_id=0, eos_token_id=2
+    )
     rollout.synchronize_stop(dist.group.WORLD)
     ids = torch.full((2, 3), 4, device="cuda")
     rollout._generate_tokens(ids, torch.ones_like(ids), rollout.params)

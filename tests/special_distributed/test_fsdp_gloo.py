@@ -91,7 +91,7 @@ def test_strict_stops_both_ranks_at_the_same_step(results):
     ranks = scenario(results, "strict")
     for r in ranks:
         # updates 1 and 2 apply; update 3 is poisoned on rank 1 only and strict raises there, on both ranks
-        assert r["applied"] == [0.0, 0.0] and r["raised_at"] == 3
+        assert r["update_failed"] == [0.0, 0.0] and r["raised_at"] == 3
 
 
 def test_the_critic_skips_an_overflow_in_one_shard_on_both_ranks(results):

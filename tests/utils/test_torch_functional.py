@@ -185,3 +185,25 @@ def test_lr_scheduler_errors():
         tf.build_lr_scheduler(_optimizer(), "linear", 0, 10)
     with pytest.raises(ValueError, match="min_lr_ratio"):
         tf.build_lr_scheduler(_optimizer(), "cosine", 0, 10, min_lr_ratio=1.5)
+
+
+def test_log_prob_temperature_is_one_for_greedy_and_the_temperature_otherwise():
+    log_prob_temperature = tf.log_prob_temperature
+
+    assert log_prob_temperature(0) == 1.0 and log_prob_temperature(0.0) == 1.0
+    assert log_prob_temperature(0.7) == 0.7 and log_prob_temperature(1) == 1.0
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            log_prob_temperature(bad)
+
+
+def test_response_log_probs_at_temperature_zero_are_the_untempered_ones():
+    # greedy decoding (temperature 0) must not divide the logits by 0: its log-probs are those at temperature 1
+    logits = torch.randn(2, 5, 7, generator=torch.Generator().manual_seed(0))
+    input_ids = torch.randint(0, 7, (2, 5), generator=torch.Generator().manual_seed(1))
+    greedy, greedy_entropy = tf.compute_response_log_probs(
+        logits, input_ids, 3, temperature=0.0, calculate_entropy=True
+    )
+    plain, plain_entropy = tf.compute_response_log_probs(logits, input_ids, 3, temperature=1.0, calculate_entropy=True)
+    assert torch.isfinite(greedy).all()
+    assert torch.equal(greedy, plain) and torch.equal(greedy_entropy, plain_entropy)

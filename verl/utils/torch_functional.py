@@ -71,6 +71,22 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def log_prob_temperature(temperature: float) -> float:
+    """The temperature at which the log-probs of tokens sampled at ``temperature`` are taken.
+
+    The sampling temperature itself, except 0 (greedy decoding): greedy tokens have no tempered distribution (its
+    limit is one-hot), so their log-probs are the model's own, at temperature 1, as in verl. The trainer
+    (:func:`compute_response_log_probs`) and every rollout engine apply this one rule, so that their log-probs of the
+    same tokens agree.
+
+    Raises:
+        ValueError: a negative or non-finite temperature.
+    """
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"The sampling temperature must be a finite number >= 0 (0: greedy), got {temperature!r}.")
+    return 1.0 if temperature == 0 else float(temperature)
+
+
 def compute_response_log_probs(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -84,7 +100,8 @@ def compute_response_log_probs(
         logits: (B, S, V) logits of the whole sequence; position t predicts token t + 1.
         input_ids: (B, S) tokens whose last ``response_length`` positions are the response.
         response_length: R.
-        temperature: the rollout's sampling temperature; logits are divided by it.
+        temperature: the rollout's sampling temperature; logits are divided by it (by 1 for greedy decoding, 0:
+            see :func:`log_prob_temperature`).
         calculate_entropy: also return the entropy of each predictive distribution.
 
     Returns:
@@ -92,6 +109,7 @@ def compute_response_log_probs(
     """
     seq_len = input_ids.shape[-1]
     response_logits = logits[:, seq_len - response_length - 1 : seq_len - 1, :]
+    temperature = log_prob_temperature(temperature)
     if temperature != 1.0:
         response_logits = response_logits / temperature
     labels = input_ids[:, seq_len - response_length :]

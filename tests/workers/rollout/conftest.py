@@ -1,4 +1,7 @@
-"""Shared builders for the rollout tests: a tiny random Hugging Face causal LM and a left-padded prompt batch."""
+"""Shared builders for the rollout tests: sampling options from the YAML, a tiny random Hugging Face causal LM and a
+left-padded prompt batch."""
+
+import functools
 
 import pytest
 import torch
@@ -7,6 +10,18 @@ from verl.protocol import DataProto
 
 PAD_ID = 0
 VOCAB_SIZE = 32
+
+
+@functools.cache
+def _default_sampling():
+    from verl.workers.config import RolloutConfig, load_section
+
+    return load_section(RolloutConfig).sampling_options()
+
+
+def sampling_options(**overrides):
+    """The rollout's sampling options as ``ppo_trainer.yaml`` sets them, with ``overrides`` (validated) applied."""
+    return _default_sampling().replace(**overrides)
 
 
 def make_prompts(rows: list[list[int]], num_prompt_tokens: int, non_tensors: dict | None = None, meta=None):

@@ -5,7 +5,7 @@ import torch
 
 from verl.workers.rollout import HFRollout, NaiveRollout
 
-from .conftest import PAD_ID, build_tiny_model, hf_logits_fn
+from .conftest import PAD_ID, build_tiny_model, hf_logits_fn, sampling_options
 
 UNUSED_EOS = 31
 
@@ -17,7 +17,7 @@ def _responses(rollout, prompts):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_greedy_hf_equals_naive_with_left_padding_and_eos(arch, prompts):
     model = build_tiny_model(arch)
-    config = {"response_length": 6, "do_sample": False}
+    config = sampling_options(n=1, response_length=6, do_sample=False)
     # pick an eos the greedy path actually emits mid-response, so eos handling is compared too
     probe = _responses(NaiveRollout(hf_logits_fn(model), config, PAD_ID, UNUSED_EOS), prompts)["responses"]
     eos = int(probe[0, 2])
@@ -29,9 +29,9 @@ def test_greedy_hf_equals_naive_with_left_padding_and_eos(arch, prompts):
 
 
 def test_layout_n_and_non_tensors(tiny_model, prompts):
-    out = HFRollout(tiny_model, {"response_length": 4, "n": 2, "seed": 0}, PAD_ID, UNUSED_EOS).generate_sequences(
-        prompts
-    )
+    out = HFRollout(
+        tiny_model, sampling_options(response_length=4, n=2, seed=0), PAD_ID, UNUSED_EOS
+    ).generate_sequences(prompts)
     batch = out.batch
     assert batch["responses"].shape == (6, 4) and batch["input_ids"].shape == (6, 9)
     assert torch.equal(batch["prompts"], prompts.batch["input_ids"].repeat_interleave(2, dim=0))
@@ -44,23 +44,26 @@ def test_layout_n_and_non_tensors(tiny_model, prompts):
 
 
 def test_seeded_sampling_is_reproducible_and_restores_global_rng(tiny_model, prompts):
-    config = {"response_length": 6, "n": 2, "temperature": 1.5}
+    config = sampling_options(response_length=6, n=2, temperature=1.5)
     torch.manual_seed(123)
     state = torch.random.get_rng_state()
-    first = _responses(HFRollout(tiny_model, {**config, "seed": 5}, PAD_ID, UNUSED_EOS), prompts)["responses"]
+    first = _responses(HFRollout(tiny_model, config.replace(seed=5), PAD_ID, UNUSED_EOS), prompts)["responses"]
     assert torch.equal(torch.random.get_rng_state(), state)
-    again = _responses(HFRollout(tiny_model, {**config, "seed": 5}, PAD_ID, UNUSED_EOS), prompts)["responses"]
-    other = _responses(HFRollout(tiny_model, {**config, "seed": 6}, PAD_ID, UNUSED_EOS), prompts)["responses"]
+    again = _responses(HFRollout(tiny_model, config.replace(seed=5), PAD_ID, UNUSED_EOS), prompts)["responses"]
+    other = _responses(HFRollout(tiny_model, config.replace(seed=6), PAD_ID, UNUSED_EOS), prompts)["responses"]
     assert torch.equal(first, again)
     assert not torch.equal(first, other)
 
 
 def test_top_k_one_equals_greedy_and_training_mode_restored(tiny_model, prompts):
-    greedy = _responses(HFRollout(tiny_model, {"response_length": 6, "do_sample": False}, PAD_ID, UNUSED_EOS), prompts)
+    greedy = _responses(
+        HFRollout(tiny_model, sampling_options(n=1, response_length=6, do_sample=False), PAD_ID, UNUSED_EOS), prompts
+    )
     tiny_model.train()
     try:
         top1 = _responses(
-            HFRollout(tiny_model, {"response_length": 6, "top_k": 1, "seed": 0}, PAD_ID, UNUSED_EOS), prompts
+            HFRollout(tiny_model, sampling_options(n=1, response_length=6, top_k=1, seed=0), PAD_ID, UNUSED_EOS),
+            prompts,
         )
         assert tiny_model.training
     finally:
@@ -70,4 +73,4 @@ def test_top_k_one_equals_greedy_and_training_mode_restored(tiny_model, prompts)
 
 def test_rejects_module_without_generate():
     with pytest.raises(ValueError, match="naive"):
-        HFRollout(torch.nn.Linear(2, 2), {"response_length": 2}, PAD_ID, UNUSED_EOS)
+        HFRollout(torch.nn.Linear(2, 2), sampling_options(n=1, response_length=2), PAD_ID, UNUSED_EOS)

@@ -6,7 +6,7 @@ import torch
 from verl.workers.rollout import NaiveRollout, naive_rollout
 from verl.workers.rollout.naive_rollout import ROW_BUCKET, rows_to_keep
 
-from .conftest import PAD_ID, VOCAB_SIZE, hf_logits_fn, make_prompts
+from .conftest import PAD_ID, VOCAB_SIZE, hf_logits_fn, make_prompts, sampling_options
 
 EOS = 2
 
@@ -42,7 +42,7 @@ def test_layout_with_eos_at_chosen_step(monkeypatch):
     prompts = make_prompts([[5, 6], [7, 8, 9, 10]], num_prompt_tokens=4, non_tensors={"uid": ["a", "b"]})
     # row 0 emits eos at step 1; row 1 never does
     script = ScriptedLogits([[11, EOS, 13, 14, 15], [12, 13, 14, 15, 16]], num_prompt_tokens=4)
-    rollout = NaiveRollout(script, {"response_length": 5, "do_sample": False}, PAD_ID, EOS)
+    rollout = NaiveRollout(script, sampling_options(n=1, response_length=5, do_sample=False), PAD_ID, EOS)
     out = rollout.generate_sequences(prompts)
     batch = out.batch
     assert torch.equal(batch["responses"], torch.tensor([[11, EOS, 0, 0, 0], [12, 13, 14, 15, 16]]))
@@ -66,14 +66,16 @@ def test_layout_with_eos_at_chosen_step(monkeypatch):
 def test_stops_early_when_all_rows_ended_and_pads_to_length():
     prompts = make_prompts([[5], [6, 7]], num_prompt_tokens=2)
     script = ScriptedLogits([[EOS, 9, 9, 9], [9, EOS, 9, 9]], num_prompt_tokens=2)
-    out = NaiveRollout(script, {"response_length": 4, "temperature": 0}, PAD_ID, [EOS, 31]).generate_sequences(prompts)
+    out = NaiveRollout(
+        script, sampling_options(n=1, response_length=4, temperature=0), PAD_ID, [EOS, 31]
+    ).generate_sequences(prompts)
     assert len(script.calls) == 2
     assert torch.equal(out.batch["responses"], torch.tensor([[EOS, 0, 0, 0], [9, EOS, 0, 0]]))
     assert torch.equal(out.batch["response_mask"], torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0]]))
 
 
 def test_n_repeats_prompts_and_non_tensors_interleaved(tiny_model, prompts):
-    config = {"response_length": 3, "n": 2, "seed": 0}
+    config = sampling_options(response_length=3, n=2, seed=0)
     out = NaiveRollout(hf_logits_fn(tiny_model), config, PAD_ID, EOS).generate_sequences(prompts)
     assert len(out) == 6
     assert out.batch["responses"].shape == (6, 3) and out.batch["input_ids"].shape == (6, 8)
@@ -84,7 +86,9 @@ def test_n_repeats_prompts_and_non_tensors_interleaved(tiny_model, prompts):
 
 
 def _sample(model, prompts, **config):
-    rollout = NaiveRollout(hf_logits_fn(model), {"response_length": 6, **config}, PAD_ID, EOS)
+    rollout = NaiveRollout(
+        hf_logits_fn(model), sampling_options(**{"n": 1, "response_length": 6, **config}), PAD_ID, EOS
+    )
     return rollout, rollout.generate_sequences(prompts).batch["responses"]
 
 
@@ -103,7 +107,7 @@ def test_seed_makes_sampling_reproducible(tiny_model, prompts):
 
 def test_greedy_follows_argmax_of_the_model(tiny_model, prompts):
     _, responses = _sample(tiny_model, prompts, do_sample=False)
-    out = NaiveRollout(hf_logits_fn(tiny_model), {"response_length": 6, "do_sample": False}, PAD_ID, EOS)
+    out = NaiveRollout(hf_logits_fn(tiny_model), sampling_options(n=1, response_length=6, do_sample=False), PAD_ID, EOS)
     batch = out.generate_sequences(prompts).batch
     # one forward over the finished layout: response token t is the argmax of logits at position P + t - 1
     with torch.no_grad():
@@ -126,7 +130,7 @@ def test_degenerate_filters_equal_greedy(tiny_model, prompts, filters):
 
 def test_meta_info_can_switch_to_greedy(tiny_model, prompts):
     _, greedy = _sample(tiny_model, prompts, do_sample=False)
-    rollout = NaiveRollout(hf_logits_fn(tiny_model), {"response_length": 6, "n": 4, "seed": 0}, PAD_ID, EOS)
+    rollout = NaiveRollout(hf_logits_fn(tiny_model), sampling_options(response_length=6, n=4, seed=0), PAD_ID, EOS)
     prompts.meta_info.update(do_sample=False, n=1)
     out = rollout.generate_sequences(prompts)
     assert torch.equal(out.batch["responses"], greedy)
@@ -134,7 +138,9 @@ def test_meta_info_can_switch_to_greedy(tiny_model, prompts):
 
 
 def test_bad_logits_shape_is_reported(prompts):
-    rollout = NaiveRollout(lambda ids, mask, pos: torch.zeros(ids.shape[0], VOCAB_SIZE), {"response_length": 2}, 0, 2)
+    rollout = NaiveRollout(
+        lambda ids, mask, pos: torch.zeros(ids.shape[0], VOCAB_SIZE), sampling_options(n=1, response_length=2), 0, 2
+    )
     with pytest.raises(ValueError, match=r"\(B, S, V\)"):
         rollout.generate_sequences(prompts)
 
@@ -164,7 +170,9 @@ def test_a_rollout_decodes_on_multiples_of_eight_rows_and_discards_the_riders_to
         script[row][row] = EOS
     prompts = make_prompts([[3 + row] for row in range(num_rows)], num_prompt_tokens=1)
     model = ScriptedLogits(script, num_prompt_tokens=1)
-    out = NaiveRollout(model, {"response_length": length, "do_sample": False}, PAD_ID, EOS).generate_sequences(prompts)
+    out = NaiveRollout(
+        model, sampling_options(n=1, response_length=length, do_sample=False), PAD_ID, EOS
+    ).generate_sequences(prompts)
     sizes = [call[0].shape[0] for call in model.calls]
     # after step s rows 0..s have ended and 11 - s run; the batch is cut when they fit a smaller multiple of 8:
     # after step 3 (8 running: 12 -> 8), and never to fewer than 8 while one row still runs; the last eos

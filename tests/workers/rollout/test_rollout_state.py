@@ -7,7 +7,7 @@ import torch
 
 from verl.workers.rollout import BaseRollout, HFRollout, NaiveRollout
 
-from .conftest import PAD_ID, build_tiny_model, hf_logits_fn, make_prompts
+from .conftest import PAD_ID, build_tiny_model, hf_logits_fn, make_prompts, sampling_options
 
 UNUSED_EOS = 31
 # n=2 at temperature 1.5 over 3 prompts, 6 tokens: 36 draws over 32 tokens per call, so two different random
@@ -16,11 +16,11 @@ SAMPLING = {"response_length": 6, "n": 2, "temperature": 1.5, "seed": 11}
 
 
 def _naive(model, **overrides):
-    return NaiveRollout(hf_logits_fn(model), {**SAMPLING, **overrides}, PAD_ID, UNUSED_EOS)
+    return NaiveRollout(hf_logits_fn(model), sampling_options(**{**SAMPLING, **overrides}), PAD_ID, UNUSED_EOS)
 
 
 def _hf(model, **overrides):
-    return HFRollout(model, {**SAMPLING, **overrides}, PAD_ID, UNUSED_EOS)
+    return HFRollout(model, sampling_options(**{**SAMPLING, **overrides}), PAD_ID, UNUSED_EOS)
 
 
 def _responses(rollout, prompts):
@@ -101,6 +101,7 @@ def test_seeded_state_into_unseeded_rollout_is_rejected(tiny_model, prompts):
         _hf(tiny_model, seed=None).load_state_dict(_hf(tiny_model).state_dict())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_naive_cuda_generator_state_round_trips(prompts):
     model = build_tiny_model("qwen2").cuda()
@@ -127,7 +128,7 @@ def test_base_rollout_runs_the_shared_skeleton_around_the_hook():
             self.seen = (input_ids.clone(), attention_mask.clone(), params)
             return torch.arange(1, 5).expand(input_ids.shape[0], 4)
 
-    rollout = CountingRollout({"response_length": 5, "n": 3})
+    rollout = CountingRollout(sampling_options(response_length=5, n=3))
     prompts = make_prompts([[5, 6], [7]], num_prompt_tokens=2, non_tensors={"uid": ["a", "b"]}, meta={"n": 2})
     out = rollout.generate_sequences(prompts)
     input_ids, attention_mask, params = rollout.seen
@@ -154,4 +155,4 @@ def test_base_skeleton_rejects_right_padded_prompts():
     prompts = make_prompts([[5, 6], [7]], num_prompt_tokens=2)
     prompts.batch["attention_mask"] = prompts.batch["attention_mask"].flip(-1)
     with pytest.raises(ValueError, match="LEFT-padded"):
-        NeverCalled({"response_length": 2}, PAD_ID, 3).generate_sequences(prompts)
+        NeverCalled(sampling_options(n=1, response_length=2), PAD_ID, 3).generate_sequences(prompts)

@@ -1,11 +1,13 @@
-"""Tests for the naive rollout's token selection: top-k, top-p and greedy."""
+"""Tests for the naive rollout's token selection (top-k, top-p, greedy) and the engine's log-probs of its tokens."""
 
 import math
 
 import torch
 
-from verl.workers.rollout.base import SamplingParams
-from verl.workers.rollout.sampling import apply_top_k, apply_top_p, sample_next_token
+from verl.utils.torch_functional import compute_response_log_probs
+from verl.workers.rollout.sampling import apply_top_k, apply_top_p, sample_next_token, sampled_token_log_probs
+
+from .conftest import sampling_options
 
 NEG_INF = float("-inf")
 
@@ -32,16 +34,32 @@ def test_top_p_keeps_smallest_set_reaching_p():
 
 def test_greedy_is_argmax_and_ignores_generator():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]], dtype=torch.float16)
-    params = SamplingParams(response_length=1, do_sample=False)
+    params = sampling_options(n=1, response_length=1, do_sample=False)
     assert sample_next_token(logits, params).tolist() == [1, 0]
 
 
 def test_sampling_follows_filtered_distribution():
     # with top_k=2 only tokens 1 and 2 can be drawn; at temperature 1 their odds are e^1 : 1
     logits = torch.tensor([[0.0, 2.0, 1.0, -5.0]]).repeat(4000, 1)
-    params = SamplingParams(response_length=1, top_k=2)
+    params = sampling_options(n=1, response_length=1, top_k=2, temperature=1.0, top_p=1.0)
     draws = sample_next_token(logits, params, torch.Generator().manual_seed(0))
     assert set(draws.unique().tolist()) <= {1, 2}
     share_of_token_1 = (draws == 1).float().mean().item()
     expected = math.e / (math.e + 1)  # 0.731
     assert abs(share_of_token_1 - expected) < 0.03
+
+
+def test_greedy_log_probs_of_engine_and_trainer_agree_at_temperature_one():
+    # temperature 0 samples the argmax; both sides take its log-prob at temperature 1 (log_prob_temperature), so
+    # they agree with each other and are finite. Logits 2, 0, -1 at the response position: the argmax is token 0,
+    # log p = 2 - log(e^2 + 1 + e^-1) = 2 - log(8.7569) = -0.16984.
+    step_logits = torch.tensor([[2.0, 0.0, -1.0]])
+    greedy = sampling_options(n=1, response_length=1, temperature=0.0)
+    token = sample_next_token(step_logits, greedy)
+    engine = sampled_token_log_probs(step_logits, token, greedy)
+    # the trainer sees the whole sequence: position 0 (the prompt's last token) predicts the response token
+    sequence_logits = torch.stack([step_logits[0], torch.zeros(3)])[None]
+    trainer, _ = compute_response_log_probs(sequence_logits, torch.tensor([[1, token.item()]]), 1, temperature=0.0)
+    expected = 2.0 - math.log(math.exp(2.0) + 1.0 + math.exp(-1.0))
+    assert token.tolist() == [0]
+    assert abs(engine.item() - expected) < 1e-6 and abs(trainer.item() - expected) < 1e-6

@@ -5,6 +5,7 @@ These run with or without the vllm package: the checks that need it are reached 
 
 import pytest
 
+from tests.workers.rollout.conftest import sampling_options
 from tests.workers.rollout.vllm_helpers import write_head_dim_64_model
 from verl.workers.config import compose_ppo_config
 from verl.workers.rollout import VLLMRollout, get_rollout_cls, list_rollouts, vllm_engine
@@ -36,7 +37,7 @@ def test_vllm_is_a_registered_rollout_without_the_package():
 
 def test_a_rollout_needs_a_vllm_engine():
     with pytest.raises(ValueError, match="needs a vllm.LLM engine"):
-        VLLMRollout(object(), {"response_length": 4}, pad_token_id=0, eos_token_id=2)
+        VLLMRollout(object(), sampling_options(n=1, response_length=4), pad_token_id=0, eos_token_id=2)
 
 
 def test_engine_kwargs_come_from_the_rollout_keys(model_dir):

@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from tests.workers.rollout.vllm_helpers import VLLM_TEST_OVERRIDES, needs_vllm, write_head_dim_64_model
-from verl.protocol import DataProto
-from verl.trainer.data_setup import build_data
-from verl.workers.config import compose_ppo_config
-from verl.workers.dp_workers import DPActorRolloutRefWorker
-from verl.workers.rollout import NaiveRollout
 
-needs_vllm()
+needs_vllm()  # before the workers' import (and with it Ray's): a machine without vLLM skips this module
+
+from verl.protocol import DataProto  # noqa: E402
+from verl.trainer.data_setup import build_data  # noqa: E402
+from verl.workers.config import compose_ppo_config  # noqa: E402
+from verl.workers.dp_workers import DPActorRolloutRefWorker  # noqa: E402
+from verl.workers.rollout import NaiveRollout  # noqa: E402
 
 # |engine - trainer| of one token's log-prob, per dtype: fp32 differs only by summation order; fp16 by the rounding
 # of every activation in different kernels (vLLM's fused ones against torch autocast), growing through the layers.

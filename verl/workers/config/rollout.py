@@ -1,12 +1,118 @@
-"""``actor_rollout_ref.rollout``: which engine generates, and how it samples (training and validation)."""
+"""``actor_rollout_ref.rollout``: which engine generates, and how it samples (training and validation).
+
+The sampling options have one set of rules, :func:`check_sampling_options`, applied wherever they are set: the
+rollout section, validation's ``val_kwargs``, and :class:`SamplingParams`, the options a rollout samples one call
+with (the section's values with a prompt batch's ``meta_info`` overrides applied). None of them has a default: the
+YAML holds every one.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from verl.workers.config.roles import MicroBatching
-from verl.workers.config.schema import BaseConfig, check_int, check_number, check_one_of
+from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
+
+ROLLOUT_KEY = "actor_rollout_ref.rollout"
+
+# The keys a prompt batch's meta_info may override for one call; the rest is fixed when the rollout is built.
+OVERRIDABLE_KEYS = ("n", "temperature", "top_k", "top_p", "do_sample")
+
+
+def check_sampling_options(obj: Any) -> None:
+    """The rules of the sampling options, for whichever of them ``obj`` has (raises :class:`FieldError`).
+
+    ``temperature`` 0 means greedy decoding (the log-probs of greedy tokens are taken at temperature 1, see
+    :func:`~verl.utils.torch_functional.log_prob_temperature`); ``top_p`` is in (0, 1] (1 turns the nucleus filter
+    off; 0 would keep no token); ``top_k`` <= 0 turns the top-k filter off.
+    """
+    rules = {
+        "n": lambda: check_int(obj, "n", 1),
+        "temperature": lambda: check_number(obj, "temperature", 0.0),
+        "top_p": lambda: check_number(obj, "top_p", 0.0, 1.0, exclusive_min=True),
+        "top_k": lambda: check_int(obj, "top_k"),
+        "response_length": lambda: check_int(obj, "response_length", 1),
+        "seed": lambda: check_int(obj, "seed", 0),
+    }
+    for name, rule in rules.items():
+        if hasattr(obj, name):
+            rule()
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams(BaseConfig):
+    """The options one rollout call samples with, validated by the rules every rollout shares.
+
+    Attributes:
+        response_length: number of generated tokens per response, R; responses are padded to exactly R.
+        n: samples per prompt; prompts are repeated interleaved (``[a, a, b, b]``).
+        temperature: logits are divided by it; 0 means greedy decoding.
+        top_k: keep the k most likely tokens; ``<= 0`` turns the filter off.
+        top_p: nucleus filter in (0, 1], keep the smallest set of tokens whose probability reaches top_p (at least
+            one); 1.0 turns it off.
+        do_sample: False means greedy decoding whatever the temperature.
+        seed: seeds the rollout's own random source; None uses torch's global random state.
+    """
+
+    KEY: ClassVar[str] = ROLLOUT_KEY
+
+    response_length: int
+    n: int
+    temperature: float
+    top_k: int
+    top_p: float
+    do_sample: bool
+    seed: int | None
+
+    def check(self) -> None:
+        check_sampling_options(self)
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding picks the argmax token (``do_sample`` false or temperature 0)."""
+        return not self.do_sample or self.temperature == 0
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | SamplingParams) -> SamplingParams:
+        """The sampling options of a rollout config (an OmegaConf node or a mapping); other keys are ignored.
+
+        Every option must be present: :meth:`RolloutConfig.sampling_options` gives them from the YAML.
+
+        Raises:
+            ValueError: an option is missing or invalid (the message names its full key).
+        """
+        if isinstance(config, SamplingParams):
+            return config
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            config = OmegaConf.to_container(config, resolve=True)
+        if not isinstance(config, Mapping):
+            raise ValueError(f"The rollout config must be a mapping, got {type(config).__name__}.")
+        names = [field.name for field in dataclasses.fields(cls)]
+        missing = [name for name in names if name not in config]
+        if missing:
+            raise ValueError(
+                f"Missing rollout option(s) {[f'{ROLLOUT_KEY}.{name}' for name in missing]}: a rollout needs every "
+                f"sampling option {names}; take them from the config with RolloutConfig.sampling_options() (the "
+                "YAML holds the defaults)."
+            )
+        return build_config(cls, {name: config[name] for name in names})
+
+    def with_overrides(self, meta_info: Mapping[str, Any] | None) -> SamplingParams:
+        """A copy with the :data:`OVERRIDABLE_KEYS` found in ``meta_info`` applied (validated the same way)."""
+        overrides = {key: meta_info[key] for key in OVERRIDABLE_KEYS if meta_info and key in meta_info}
+        if not overrides:
+            return self
+        try:
+            return self.replace(**overrides)
+        except FieldError as err:
+            raise ValueError(
+                f"The prompt batch's meta_info overrides {ROLLOUT_KEY}.{err.field} for this call, and "
+                f"{err.field} {err.detail} Fix the value the caller puts in meta_info."
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,8 +124,7 @@ class ValKwargsConfig(BaseConfig):
     temperature: float
 
     def check(self) -> None:
-        check_int(self, "n", 1)
-        check_number(self, "temperature", 0.0)
+        check_sampling_options(self)
 
 
 # The keys only the vLLM engine reads (refused, when changed, with another rollout).
@@ -46,7 +151,7 @@ class EngineKwargsConfig(BaseConfig):
 class RolloutConfig(BaseConfig):
     """The rollout engine and its sampling options (see ``ppo_trainer.yaml`` for each key)."""
 
-    KEY: ClassVar[str] = "actor_rollout_ref.rollout"
+    KEY: ClassVar[str] = ROLLOUT_KEY
 
     name: str
     n: int
@@ -73,11 +178,7 @@ class RolloutConfig(BaseConfig):
         from verl.workers.rollout import ROLLOUT_REGISTRY
 
         check_one_of(self, "name", ROLLOUT_REGISTRY.names(), "registered rollouts")
-        check_int(self, "n", 1)
-        check_number(self, "temperature", 0.0)
-        check_number(self, "top_p", 0.0, 1.0, exclusive_min=True)
-        check_int(self, "response_length", 1)
-        check_int(self, "seed", 0)
+        check_sampling_options(self)
         check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
         check_int(self, "log_prob_max_token_len_per_gpu", 1)
         check_number(self, "gpu_memory_utilization", 0.0, 1.0, exclusive_min=True)
@@ -91,14 +192,7 @@ class RolloutConfig(BaseConfig):
             self.log_prob_micro_batch_size_per_gpu, self.log_prob_use_dynamic_bsz, self.log_prob_max_token_len_per_gpu
         )
 
-    def sampling_options(self, seed_offset: int = 0) -> dict:
+    def sampling_options(self, seed_offset: int = 0) -> SamplingParams:
         """The options a rollout samples with (``seed`` shifted by ``seed_offset``: ranks sample differently)."""
-        return {
-            "n": self.n,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "do_sample": self.do_sample,
-            "response_length": self.response_length,
-            "seed": self.seed + seed_offset,
-        }
+        options = {field.name: getattr(self, field.name) for field in dataclasses.fields(SamplingParams)}
+        return SamplingParams(**{**options, "seed": self.seed + seed_offset})

@@ -4,8 +4,9 @@ A rollout turns a batch of left-padded prompts into sampled responses laid out a
 (``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``). Rollouts are
 chosen by name through ``actor_rollout_ref.rollout.name`` and looked up in :data:`ROLLOUT_REGISTRY`. The sampling
 options (``n``, ``temperature``, ``top_k``, ``top_p``, ``response_length``, ``do_sample``, ``seed``) are read from
-the rollout config once, validated here so that every rollout rejects the same bad values with the same message,
-and may be overridden per call through a prompt batch's ``meta_info`` (the trainer does so for greedy validation).
+the rollout config once, validated by the rules the config itself is validated by
+(:class:`~verl.workers.config.rollout.SamplingParams`, re-exported here), and may be overridden per call through a
+prompt batch's ``meta_info`` (the trainer does so for validation).
 :class:`BaseRollout` owns the ``generate_sequences`` skeleton shared by every rollout (check, override, repeat,
 generate, post-process); a rollout implements only its token generation, plus ``state_dict``/``load_state_dict``
 when it keeps random state that a resumed run must continue.
@@ -13,21 +14,21 @@ when it keeps random state that a resumed run must continue.
 
 from __future__ import annotations
 
-import dataclasses
-import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.utils.padding_free import real_column_span
 from verl.utils.registry import Registry
+from verl.workers.config.rollout import OVERRIDABLE_KEYS, ROLLOUT_KEY, SamplingParams
 from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
 
 __all__ = [
+    "OVERRIDABLE_KEYS",
     "ROLLOUT_REGISTRY",
     "BaseRollout",
     "SamplingParams",
@@ -38,10 +39,7 @@ __all__ = [
 
 ROLLOUT_REGISTRY: Registry[type[BaseRollout]] = Registry("rollout", config_key="actor_rollout_ref.rollout.name")
 
-_CONFIG_PREFIX = "actor_rollout_ref.rollout"
-
-# The keys a prompt batch's meta_info may override for one call; the rest is fixed when the rollout is built.
-OVERRIDABLE_KEYS = ("n", "temperature", "top_k", "top_p", "do_sample")
+_CONFIG_PREFIX = ROLLOUT_KEY
 
 
 def register_rollout(name: str):
@@ -66,95 +64,6 @@ def list_rollouts() -> list[str]:
     return ROLLOUT_REGISTRY.names()
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Validated sampling options of a rollout.
-
-    Attributes:
-        response_length: number of generated tokens per response, R; responses are padded to exactly R.
-        n: samples per prompt; prompts are repeated interleaved (``[a, a, b, b]``).
-        temperature: logits are divided by it; 0 means greedy decoding.
-        top_k: keep the k most likely tokens; ``<= 0`` turns the filter off.
-        top_p: nucleus filter, keep the smallest set of tokens whose probability reaches top_p (at least one);
-            1.0 turns it off.
-        do_sample: False means greedy decoding whatever the temperature.
-        seed: seeds the rollout's own ``torch.Generator``; None uses torch's global random state.
-    """
-
-    response_length: int
-    n: int = 1
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    do_sample: bool = True
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        self._validate()
-
-    def _validate(self) -> None:
-        checks = [
-            ("response_length", _is_int(self.response_length) and self.response_length >= 1, "an integer >= 1"),
-            ("n", _is_int(self.n) and self.n >= 1, "an integer >= 1 (samples per prompt)"),
-            (
-                "temperature",
-                _is_number(self.temperature) and self.temperature >= 0,
-                "a number >= 0 (0 means greedy decoding)",
-            ),
-            ("top_k", _is_int(self.top_k), "an integer (<= 0 turns top-k filtering off)"),
-            (
-                "top_p",
-                _is_number(self.top_p) and 0.0 <= self.top_p <= 1.0,
-                "a number in [0, 1] (1.0 turns nucleus filtering off)",
-            ),
-            ("do_sample", isinstance(self.do_sample, bool), "true or false"),
-            ("seed", self.seed is None or _is_int(self.seed), "an integer or null"),
-        ]
-        for key, ok, accepted in checks:
-            if not ok:
-                raise ValueError(
-                    f"Invalid rollout option `{_CONFIG_PREFIX}.{key}`: got {getattr(self, key)!r}; it must be "
-                    f"{accepted}. Fix the value in the config (or the command line override)."
-                )
-
-    @property
-    def greedy(self) -> bool:
-        """True when decoding picks the argmax token (``do_sample`` false or temperature 0)."""
-        return not self.do_sample or self.temperature == 0
-
-    @classmethod
-    def from_config(cls, config: DictConfig | Mapping[str, Any]) -> SamplingParams:
-        """Read the sampling options from a rollout config; keys this class does not use are ignored.
-
-        Raises:
-            ValueError: ``response_length`` is missing, or a value is invalid (the message names the key).
-        """
-        if isinstance(config, DictConfig):
-            config = OmegaConf.to_container(config, resolve=True)
-        if not isinstance(config, Mapping):
-            raise ValueError(f"The rollout config must be a mapping, got {type(config).__name__}.")
-        if config.get("response_length") is None:
-            raise ValueError(
-                f"Missing rollout option `{_CONFIG_PREFIX}.response_length`: set it to the number of tokens to "
-                "generate per response (an integer >= 1), usually `${data.max_response_length}`."
-            )
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in config.items() if key in fields})
-
-    def with_overrides(self, meta_info: Mapping[str, Any] | None) -> SamplingParams:
-        """A copy with the :data:`OVERRIDABLE_KEYS` found in ``meta_info`` applied (validated the same way)."""
-        overrides = {key: meta_info[key] for key in OVERRIDABLE_KEYS if meta_info and key in meta_info}
-        return dataclasses.replace(self, **overrides) if overrides else self
-
-
 class BaseRollout(ABC):
     """A generator of responses for a batch of prompts.
 
@@ -168,14 +77,17 @@ class BaseRollout(ABC):
     replaying it from the start.
 
     Args:
-        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+        config: the sampling options (``RolloutConfig.sampling_options()``) or a config with all of them; see
             :class:`SamplingParams` for the keys used.
         pad_token_id: id written after a row's eos and in right padding.
         eos_token_id: one eos id or a list of them.
     """
 
     def __init__(
-        self, config: DictConfig | Mapping[str, Any], pad_token_id: int, eos_token_id: int | Sequence[int]
+        self,
+        config: SamplingParams | DictConfig | Mapping[str, Any],
+        pad_token_id: int,
+        eos_token_id: int | Sequence[int],
     ) -> None:
         self.params = SamplingParams.from_config(config)
         self.pad_token_id = int(pad_token_id)
@@ -271,7 +183,10 @@ class SeedSourceRollout(BaseRollout):
     """
 
     def __init__(
-        self, config: DictConfig | Mapping[str, Any], pad_token_id: int, eos_token_id: int | Sequence[int]
+        self,
+        config: SamplingParams | DictConfig | Mapping[str, Any],
+        pad_token_id: int,
+        eos_token_id: int | Sequence[int],
     ) -> None:
         super().__init__(config, pad_token_id, eos_token_id)
         self._seed_source: torch.Generator | None = None

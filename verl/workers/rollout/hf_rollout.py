@@ -58,7 +58,7 @@ class HFRollout(SeedSourceRollout):
 
     Args:
         module: a ``transformers`` causal LM (anything with ``generate`` and ``generation_config``).
-        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+        config: the sampling options (``RolloutConfig.sampling_options()``) or a config with all of them; see
             :class:`~verl.workers.rollout.base.SamplingParams` for the keys used.
         pad_token_id: id written after a row's eos and in right padding.
         eos_token_id: one eos id or a list of them.
@@ -67,7 +67,7 @@ class HFRollout(SeedSourceRollout):
     def __init__(
         self,
         module: torch.nn.Module,
-        config: DictConfig | Mapping[str, Any],
+        config: SamplingParams | DictConfig | Mapping[str, Any],
         pad_token_id: int,
         eos_token_id: int | Sequence[int],
     ):

@@ -70,7 +70,7 @@ class NaiveRollout(BaseRollout):
         model: an :class:`~verl.workers.rollout.decoding.IncrementalDecoder`, or a ``logits_fn``
             ``(input_ids, attention_mask, position_ids) -> logits``, inputs (B, S), output (B, S, V), which is run
             without a cache.
-        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+        config: the sampling options (``RolloutConfig.sampling_options()``) or a config with all of them; see
             :class:`~verl.workers.rollout.base.SamplingParams` for the keys used.
         pad_token_id: id written after a row's eos and in right padding.
         eos_token_id: one eos id or a list of them.
@@ -79,7 +79,7 @@ class NaiveRollout(BaseRollout):
     def __init__(
         self,
         model: IncrementalDecoder | LogitsFn,
-        config: DictConfig | Mapping[str, Any],
+        config: SamplingParams | DictConfig | Mapping[str, Any],
         pad_token_id: int,
         eos_token_id: int | Sequence[int],
     ):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from verl.utils.torch_functional import log_prob_temperature
 from verl.workers.rollout.base import SamplingParams
 
 __all__ = ["apply_top_k", "apply_top_p", "sample_next_token"]
@@ -61,7 +62,8 @@ def sampled_token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, params: 
 
     ``log_softmax(logits / temperature)`` at the token, in float32, from the logits the engine sampled from (in
     the engine's precision): no top-k/top-p renormalisation, because the trainer's log-probs have none either, so
-    the two differ only by how each computed its logits. Greedy calls (temperature 0) use temperature 1.
+    the two differ only by how each computed its logits. Greedy calls (temperature 0) use temperature 1, the one rule of
+    :func:`~verl.utils.torch_functional.log_prob_temperature`.
 
     Args:
         logits: (B, V) last-position logits, any float dtype.
@@ -71,8 +73,7 @@ def sampled_token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, params: 
     Returns:
         (B,) float32 log-probabilities.
     """
-    temperature = params.temperature if params.temperature > 0 else 1.0
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    log_probs = torch.log_softmax(logits.float() / log_prob_temperature(params.temperature), dim=-1)
     return log_probs.gather(-1, tokens[:, None].long()).squeeze(-1)
 
 

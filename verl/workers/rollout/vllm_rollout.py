@@ -42,7 +42,7 @@ class VLLMRollout(SeedSourceRollout):
 
     Args:
         engine: the ``vllm.LLM`` (built with the tokenizer's eos ids in mind; see ``vllm_engine.engine_kwargs``).
-        config: the rollout config (``actor_rollout_ref.rollout``), an OmegaConf node or a dict; see
+        config: the sampling options (``RolloutConfig.sampling_options()``) or a config with all of them; see
             :class:`~verl.workers.rollout.base.SamplingParams` for the keys used.
         pad_token_id: id written after a row's eos and in right padding.
         eos_token_id: one eos id or a list of them; generation stops at any of them.
@@ -54,7 +54,7 @@ class VLLMRollout(SeedSourceRollout):
     def __init__(
         self,
         engine: Any,
-        config: DictConfig | Mapping[str, Any],
+        config: SamplingParams | DictConfig | Mapping[str, Any],
         pad_token_id: int,
         eos_token_id: int | Sequence[int],
     ):
