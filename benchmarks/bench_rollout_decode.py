@@ -6,16 +6,22 @@ the same tokens from the same seed, up to float rounding of near-ties). Variants
 - ``hf_mkl``: ``transformers``' forward on the preallocated cache (``HFCachedDecoder``), linear layers on torch's
   kernels (MKL on CPU);
 - ``hf_onednn``: the same with the linear layers on oneDNN (``verl.utils.cpu_linear``);
-- ``lean_onednn``: the lean Llama-family decode step (``verl.models.llama_decode``) on oneDNN, the ``dp`` default;
-- ``lean_onednn_rows1``: the same with finished rows leaving the batch one by one (``ROW_BUCKET`` = 1) instead of
-  in steps of 8.
+- ``lean_onednn``: the lean Llama-family decode step (``verl.models.llama_decode``) on oneDNN, the ``dp`` default
+  on CPU: query/key/value and gate/up as one product each on weights concatenated at each call's prefill;
+- ``lean_onednn_unfused``: the same with one product per projection and nothing concatenated (the default on CUDA);
+- ``lean_onednn_rows1``: the lean step with finished rows leaving the batch one by one (``ROW_BUCKET`` = 1) instead
+  of in steps of 8.
 
-Run: ``.venv/bin/python benchmarks/bench_rollout_decode.py`` (about a minute; ``--repeats`` for more).
+``fused_weight_mb`` is what a variant's decoder concatenates per generate call (held from prefill to release).
+
+Run: ``.venv/bin/python benchmarks/bench_rollout_decode.py`` (about a minute; ``--repeats`` for more;
+``--num-prompts`` / ``--response-length`` for a smaller run, ``--no-save`` to leave the results file alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 from pathlib import Path
@@ -31,19 +37,32 @@ from verl.models.llama_decode import LlamaFamilyDecoder  # noqa: E402
 from verl.models.loading import load_hf_causal_lm  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.utils.cpu_linear import OneDNNLinear, use_onednn_linear  # noqa: E402
+from verl.workers.config import RolloutConfig, load_section  # noqa: E402
 from verl.workers.rollout import NaiveRollout, naive_rollout  # noqa: E402
 from verl.workers.rollout.decoding import HFCachedDecoder  # noqa: E402
 
 NUM_PROMPTS, GROUP, PROMPT_LENGTH, RESPONSE_LENGTH = 16, 4, 16, 64
 
 
-def prompts(vocab_size: int) -> DataProto:
+def prompts(vocab_size: int, num_prompts: int = NUM_PROMPTS) -> DataProto:
     gen = torch.Generator().manual_seed(1)
-    lengths = torch.randint(8, PROMPT_LENGTH + 1, (NUM_PROMPTS,), generator=gen)
+    lengths = torch.randint(8, PROMPT_LENGTH + 1, (num_prompts,), generator=gen)
     mask = (torch.arange(PROMPT_LENGTH)[None] >= (PROMPT_LENGTH - lengths)[:, None]).long()
-    ids = torch.randint(3, vocab_size, (NUM_PROMPTS, PROMPT_LENGTH), generator=gen) * mask
+    ids = torch.randint(3, vocab_size, (num_prompts, PROMPT_LENGTH), generator=gen) * mask
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+
+
+def fused_weight_bytes(decoder, batch: DataProto) -> int:
+    """Bytes ``decoder`` concatenates for a generate call (held from its prefill to its release)."""
+    if not isinstance(decoder, LlamaFamilyDecoder):
+        return 0
+    with torch.no_grad():
+        decoder.prefill(batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"], 1)
+    try:
+        return decoder.num_fused_bytes()
+    finally:
+        decoder.release()
 
 
 def set_linear_kernel(model: torch.nn.Module, onednn: bool) -> None:
@@ -58,27 +77,33 @@ def set_linear_kernel(model: torch.nn.Module, onednn: bool) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=6, help="interleaved timings per variant")
+    parser.add_argument("--num-prompts", type=int, default=NUM_PROMPTS, help="prompts per generate call")
+    parser.add_argument("--response-length", type=int, default=RESPONSE_LENGTH, help="most new tokens per sample")
+    parser.add_argument("--no-save", action="store_true", help="print the table only (no results file)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as workdir:
         model = load_hf_causal_lm(write_10m_model(Path(workdir) / "model"), dtype=torch.float32).eval()
     model.config._attn_implementation = "sdpa"
-    batch = prompts(model.config.vocab_size)
-    config = {"response_length": RESPONSE_LENGTH, "n": GROUP, "seed": 3}
-    variants = {  # name: (decoder class, oneDNN linear layers, rows the batch shrinks by)
+    batch = prompts(model.config.vocab_size, args.num_prompts)
+    config = load_section(RolloutConfig).sampling_options()
+    config = config.replace(response_length=args.response_length, n=GROUP, seed=3, temperature=1.0, do_sample=True)
+    variants = {  # name: (decoder factory, oneDNN linear layers, rows the batch shrinks by)
         "hf_mkl": (HFCachedDecoder, False, 8),
         "hf_onednn": (HFCachedDecoder, True, 8),
         "lean_onednn": (LlamaFamilyDecoder, True, 8),
+        "lean_onednn_unfused": (functools.partial(LlamaFamilyDecoder, fuse_projections=False), True, 8),
         "lean_onednn_rows1": (LlamaFamilyDecoder, True, 1),
     }
     tokens: dict[str, float] = {}
 
     def generate(name: str):
-        decoder_cls, onednn, bucket = variants[name]
+        make_decoder, onednn, bucket = variants[name]
         set_linear_kernel(model, onednn)
         naive_rollout.ROW_BUCKET = bucket
-        rollout = NaiveRollout(decoder_cls(model), config, model.config.pad_token_id, model.config.eos_token_id)
-        out = rollout.generate_sequences(batch)
+        rollout = NaiveRollout(make_decoder(model), config, model.config.pad_token_id, model.config.eos_token_id)
+        with torch.no_grad():
+            out = rollout.generate_sequences(batch)
         tokens[name] = float(out.batch["response_mask"].sum()) / len(out)
         return out
 
@@ -98,18 +123,21 @@ def main(argv=None) -> int:
                 "max_s": max(values),
                 "mean_response_tokens": tokens[name],
                 "peak_memory_gb": rss,
+                "fused_weight_mb": fused_weight_bytes(variants[name][0](model), batch) / 2**20,
             }
         )
     print(common.format_table(rows, list(rows[0])))
+    if args.no_save:
+        return 0
     path = common.write_results(
         "bench_rollout_decode",
         {
             "settings": {
                 "repeats": args.repeats,
-                "prompts": NUM_PROMPTS,
+                "prompts": args.num_prompts,
                 "group_size": GROUP,
                 "prompt_length": PROMPT_LENGTH,
-                "response_length": RESPONSE_LENGTH,
+                "response_length": args.response_length,
             },
             "rows": rows,
         },

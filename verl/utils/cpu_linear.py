@@ -11,6 +11,9 @@ when that is safe and worth it, and through ``F.linear`` otherwise:
 - the product is big enough (:data:`MIN_FLOPS`) that oneDNN's fixed cost per call does not eat the gain.
 
 The arithmetic is full fp32 (oneDNN's default math mode), so results differ from MKL's only in summation order.
+Gradients flow to whichever of input, weight and bias require them (a frozen weight with a trained bias included);
+a backward with ``create_graph=True`` runs its products on ``F.linear``, so gradients of gradients are those of
+``nn.Linear``.
 :func:`use_onednn_linear` switches a model's ``nn.Linear`` modules in place: same parameters, same names, same
 ``state_dict``; FSDP2 sharding, tied weights and checkpoints are unaffected. The switch is
 ``actor_rollout_ref.model.use_onednn_linear`` (and ``critic.model.use_onednn_linear``).
@@ -89,20 +92,25 @@ def _matmul(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 class _OneDNNLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = inputs.reshape(-1, inputs.shape[-1])
-        ctx.save_for_backward(flat, weight)
+        # the inputs themselves are saved (a double backward differentiates through them), not their 2-D view
+        ctx.save_for_backward(inputs, weight)
         ctx.has_bias = bias is not None
+        flat = inputs.reshape(-1, inputs.shape[-1])
         return _matmul(flat, weight, bias).view(*inputs.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        flat, weight = ctx.saved_tensors
+        inputs, weight = ctx.saved_tensors
+        flat = inputs.reshape(-1, inputs.shape[-1])
         grad = grad_output.reshape(-1, weight.shape[0])
+        # create_graph=True runs the backward with gradients on: the products then go through torch's differentiable
+        # ones, so the gradients can be differentiated again (oneDNN's kernel has no derivative of its own)
+        product = F.linear if torch.is_grad_enabled() else _matmul
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:  # grad @ W, as a linear with weight W.T (a strided view, no copy)
-            grad_input = _matmul(grad, weight.t(), None).view(*grad_output.shape[:-1], weight.shape[1])
+            grad_input = product(grad, weight.t(), None).view(*grad_output.shape[:-1], weight.shape[1])
         if ctx.needs_input_grad[1]:  # grad.T @ x, as a linear of grad.T with weight x.T: contiguous, like the weight
-            grad_weight = _matmul(grad.t(), flat.t(), None)
+            grad_weight = product(grad.t(), flat.t(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)
         return grad_input, grad_weight, grad_bias
@@ -120,7 +128,7 @@ def _worth_onednn(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
 def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear`` with fp32 CPU products of at least :data:`MIN_FLOPS` done by oneDNN (with autograd)."""
     if _worth_onednn(inputs, weight):
-        if torch.is_grad_enabled() and (inputs.requires_grad or weight.requires_grad):
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (inputs, weight, bias)):
             return _OneDNNLinearFunction.apply(inputs, weight, bias)
         flat = _matmul(inputs.reshape(-1, inputs.shape[-1]), weight, bias)  # no graph to record
         return flat.view(*inputs.shape[:-1], weight.shape[0])

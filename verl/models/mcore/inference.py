@@ -68,7 +68,7 @@ class MegatronCachedDecoder(IncrementalDecoder):
         return context
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.model.training:
+        if _unwrap(self.model).training:  # the worker switches the inner model; a DDP wrapper stays in train()
             raise RuntimeError("cached decoding needs the model in eval mode (megatron caches only in inference)")
         with self.autocast():
             logits = self.model(
