@@ -51,7 +51,8 @@ def padded_batch(num_samples: int, prompt_length: int, response_length: int, voc
             "responses": input_ids[:, prompt_length:],
             "response_mask": response_mask,
             "advantages": sign[:, None] * response_mask,
-        }
+        },
+        meta_info={"temperature": 1.0},  # the sampling temperature the actor's log-probs are taken at
     )
 
 
@@ -86,7 +87,9 @@ def main(argv=None) -> dict:
                 start = time.perf_counter()
                 log_probs, _ = actor.compute_log_prob(batch, batching)
                 middle = time.perf_counter()
-                data = DataProto.from_dict(tensors={**dict(batch.batch.items()), "old_log_probs": log_probs})
+                data = DataProto.from_dict(
+                    tensors={**dict(batch.batch.items()), "old_log_probs": log_probs}, meta_info=batch.meta_info
+                )
                 actor.update_policy(data)
                 times[name]["log_prob"].append(middle - start)
                 times[name]["update"].append(time.perf_counter() - middle)

@@ -164,7 +164,8 @@ def ppo_batch(num_samples: int, prompt_length: int, response_length: int, vocab_
             "response_mask": response_mask,
             "advantages": sign[:, None].expand(-1, response_length) * response_mask,
             "old_log_probs": torch.zeros(num_samples, response_length),
-        }
+        },
+        meta_info={"temperature": 1.0},  # the sampling temperature the actor's log-probs are taken at
     )
 
 

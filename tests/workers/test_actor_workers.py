@@ -68,6 +68,47 @@ def test_fp16_reference_log_probs_equal_the_untrained_actor(make_worker):
     assert torch.equal(ref, actor)
 
 
+def test_worker_log_probs_are_at_the_configured_temperature(make_worker):
+    # The worker API alone (generate, then compute_log_prob), no trainer: the temperature comes from the config.
+    from verl.trainer.data_setup import build_data
+
+    worker = make_worker("actor_rollout_ref.rollout.temperature=0.7")
+    samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+    assert samples.meta_info["temperature"] == 0.7
+    samples.meta_info.pop("temperature")  # the worker does not depend on the caller passing it on
+    got = worker.compute_log_prob(samples).batch["old_log_probs"]
+    batch = samples.batch
+    num_responses = batch["responses"].shape[-1]
+    with torch.no_grad():
+        logits = worker.actor.forward_logits(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    # by hand: response token t is predicted at position P + t - 1; log-prob = log_softmax(logits / 0.7) there
+    logits = logits[:, -num_responses - 1 : -1].float()
+    responses = batch["responses"][..., None]
+    want = torch.log_softmax(logits / 0.7, -1).gather(-1, responses)[..., 0]
+    at_one = torch.log_softmax(logits, -1).gather(-1, responses)[..., 0]
+    mask = batch["response_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-4, rtol=1e-4)
+    assert (got[mask] - at_one[mask]).abs().max() > 1e-3
+
+
+def test_a_per_call_temperature_is_kept_for_the_log_probs_of_its_samples(make_worker):
+    # Sampling at 0.7 through a prompt batch's meta_info (a per-call override, as validation uses) on a worker
+    # configured at 1.0: the output says 0.7, and the log-probs of those samples are taken at 0.7, not at 1.0.
+    from verl.trainer.data_setup import build_data
+
+    worker = make_worker()
+    prompts = next(build_data(worker.config, 1).train_loader)
+    prompts.meta_info["temperature"] = 0.7
+    samples = worker.generate_sequences(prompts)
+    assert worker.config.actor_rollout_ref.rollout.temperature == 1.0 and samples.meta_info["temperature"] == 0.7
+    at_07 = worker.compute_log_prob(samples).batch["old_log_probs"]
+    samples.meta_info["temperature"] = 1.0
+    at_one = worker.compute_log_prob(samples).batch["old_log_probs"]
+    mask = samples.batch["response_mask"].bool()
+    # log_softmax(z / 0.7) differs from log_softmax(z) wherever the logits are not all equal
+    assert (at_07[mask] - at_one[mask]).abs().max() > 1e-3
+
+
 def test_the_dp_models_run_their_cpu_linear_layers_on_onednn_unless_switched_off():
     from verl.utils.cpu_linear import OneDNNLinear
     from verl.workers.dp_workers import DPActorRolloutRefWorker, DPCriticWorker

@@ -132,12 +132,18 @@ class ShardedAmpOptimizer(AmpOptimizer):
             self.move_state(torch.device("cpu"))
 
     def move_state(self, device: torch.device) -> None:
-        """Move the per-parameter optimizer state (``DTensor`` shards and step counts) to ``device``."""
+        """Move the per-parameter optimizer state (``DTensor`` shards and step counts) to ``device``.
+
+        The copies are issued asynchronously; a copy from the GPU to the CPU is waited for before returning, since
+        the CPU reads the state without a stream to order it (a save right after the step would read a partial copy).
+        """
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 # Adam's scalar step count stays on the CPU unless it is a capturable/fused optimizer's
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
                     state[key] = value.to(device, non_blocking=True)
+        if torch.device(device).type == "cpu" and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.current_stream().synchronize()
 
     # ------------------------------------------------------------------ state (the part every rank shares)
 

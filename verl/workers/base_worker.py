@@ -7,6 +7,13 @@ built (:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_cr
 ``dp_workers.py`` and ``megatron_workers.py``); everything else — rollout over the actor's own forward pass,
 log-probs, updates, checkpoints — is the same code for both.
 
+Every call that computes log-probs or trains the actor (``compute_log_prob``, ``compute_ref_log_prob``,
+``update_actor``, ``generate_with_log_probs``) takes the sampling temperature the samples were drawn at: the batch's
+``meta_info["temperature"]`` when the caller set one (a per-call override, which the rollout honours when it
+samples), else the config's (``actor_rollout_ref.rollout.temperature``); ``generate_sequences`` tags its output with
+the temperature it sampled at. So log-probs are always taken at the sampling temperature, and the actor itself has
+no default to fall back on.
+
 A rollout that holds its own copy of the weights (``vllm``: an engine colocated in this worker) is kept in step
 with the actor: after every :meth:`ActorRolloutRefWorker.update_actor` in which at least one update succeeded,
 and after a checkpoint is loaded, the actor's weights stream into it with Hugging Face names, a tensor at a time
@@ -177,33 +184,48 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     # ------------------------------------------------------------------ the RL step
 
+    def _at_rollout_temperature(self, data: DataProto) -> DataProto:
+        """``data`` (the same tensors) with ``meta_info["temperature"]``: the caller's (the temperature a per-call
+        override sampled at) or else the configured one; the actor has no default of its own."""
+        configured = self.config.actor_rollout_ref.rollout.temperature
+        meta_info = {**data.meta_info, "temperature": data.meta_info.get("temperature", configured)}
+        return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta_info)
+
     def _generate(self, prompts: DataProto) -> DataProto:
+        """The rollout's output, tagged with the temperature it sampled at: the prompts' per-call override (as
+        validation's ``val_kwargs``), else the configured one."""
         self.actor.model_module().eval()
         with torch.no_grad():
             output = self.rollout.generate_sequences(prompts.to(self._device()))
         self.actor.model_module().train()
+        output.meta_info["temperature"] = prompts.meta_info.get(
+            "temperature", self.config.actor_rollout_ref.rollout.temperature
+        )
         return output
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
         batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
-        return self.actor.compute_log_prob(data.to(self._device()), batching)[0]
+        return self.actor.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
         batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
-        return self.ref.compute_log_prob(data.to(self._device()), batching)[0]
+        return self.ref.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses to ``prompts``; the output's ``meta_info["temperature"]`` is the one they were sampled at."""
         return self._generate(prompts).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` (B, R) of the responses at their sampling temperature (meta_info's, else the config's)."""
         return DataProto.from_dict(tensors={"old_log_probs": self._old_log_probs(data).cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob`` (B, R) of the responses under the reference, at their sampling temperature."""
         return DataProto.from_dict(tensors={"ref_log_prob": self._ref_log_probs(data).cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -220,9 +242,8 @@ class ActorRolloutRefWorker(_ModelWorker):
         """
         timing: dict[str, float] = {}
         start = time.perf_counter()
-        output = self._generate(prompts)
+        output = self._generate(prompts)  # tagged with its sampling temperature
         timing["timing_s/gen"] = time.perf_counter() - start
-        output.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         passes = [("old_log_prob", "old_log_probs", self.config.computes_old_log_prob, self._old_log_probs)]
         passes.append(("ref", "ref_log_prob", self.config.needs_reference, self._ref_log_probs))
         for phase, key, wanted, compute in passes:
@@ -236,7 +257,8 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> dict[str, float]:
-        """Train the actor on this rank's rows; a rollout holding its own weights gets the new ones.
+        """Train the actor on this rank's rows at their sampling temperature; a rollout holding its own weights gets
+        the new ones.
 
         Returns:
             The actor's ``actor/...`` metrics, plus ``timing_s/weight_sync`` (seconds spent sending weights, 0 when
@@ -244,7 +266,7 @@ class ActorRolloutRefWorker(_ModelWorker):
             when the rollout holds its own weights; and ``perf/cpu_peak_rss_gb``, this worker process's peak resident
             memory so far (GiB, Linux ``ru_maxrss``; the driver averages it over ranks).
         """
-        metrics = self.actor.update_policy(data.to(self._device()))
+        metrics = self.actor.update_policy(self._at_rollout_temperature(data.to(self._device())))
         metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self._rollout_holds_weights():
             seconds = 0.0

@@ -50,8 +50,9 @@ def actor_config(**overrides):
     return load_section(ActorConfig, OmegaConf.to_container(merged))
 
 
-def ppo_batch(num_samples=8, seed=0):
-    """Left-padded prompts, right-padded responses, advantages +1 for even rows and -1 for odd rows."""
+def ppo_batch(num_samples=8, seed=0, temperature=1.0):
+    """Left-padded prompts, right-padded responses, advantages +1 for even rows and -1 for odd rows; the sampling
+    ``temperature`` in meta_info, as the workers set it from ``actor_rollout_ref.rollout.temperature``."""
     gen = torch.Generator().manual_seed(seed)
     prompts = torch.randint(3, VOCAB, (num_samples, PROMPT), generator=gen)
     responses = torch.randint(3, VOCAB, (num_samples, RESPONSE), generator=gen)
@@ -73,5 +74,6 @@ def ppo_batch(num_samples=8, seed=0):
             "response_mask": response_mask,
             "advantages": sign[:, None].expand(-1, RESPONSE) * response_mask,
             "old_log_probs": torch.zeros(num_samples, RESPONSE),
-        }
+        },
+        meta_info={"temperature": temperature},
     )

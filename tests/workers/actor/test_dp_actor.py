@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 
+from tests.tolerances import assert_gradients_close
 from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
 from verl.utils.checkpoint import atomic_directory
 from verl.workers.actor.dp_actor import build_dp_actor
@@ -53,6 +54,39 @@ def test_log_probs_match_a_direct_computation():
     expected = torch.log_softmax(logits[:, 3:7].float(), -1).gather(-1, batch.batch["responses"][..., None])[..., 0]
     torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=1e-5)
     assert entropy.shape == (8, 4) and torch.all(entropy > 0)
+
+
+def test_log_probs_are_taken_at_the_batch_temperature():
+    actor = make_actor()
+    batch = ppo_batch(temperature=0.7)
+    log_probs, _ = actor.compute_log_prob(batch)
+    logits = actor.actor_module(
+        input_ids=batch.batch["input_ids"],
+        attention_mask=batch.batch["attention_mask"],
+        position_ids=batch.batch["position_ids"],
+    ).logits[:, 3:7]
+    responses = batch.batch["responses"][..., None]
+    # by hand: log_softmax(logits / 0.7) at the sampled token; at temperature 1 the values differ
+    expected = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, responses)[..., 0]
+    at_one = torch.log_softmax(logits.float(), -1).gather(-1, responses)[..., 0]
+    torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=1e-5)
+    assert (log_probs - at_one).abs().max() > 1e-3
+
+
+def test_a_batch_without_temperature_is_refused_by_name():
+    actor = make_actor()
+    batch = batch_with_old_log_probs(actor)
+    del batch.meta_info["temperature"]
+    before = {k: v.clone() for k, v in actor.actor_module.state_dict().items()}
+    with pytest.raises(ValueError, match=r"compute_log_prob: the batch's meta_info has no 'temperature'"):
+        actor.compute_log_prob(batch)
+    with pytest.raises(ValueError, match=r"update_policy: the batch's meta_info has no 'temperature'"):
+        actor.update_policy(batch)
+    assert actor.num_update_steps == 0  # refused before any update
+    assert_same(before, actor.actor_module.state_dict())
+    batch.meta_info["temperature"] = -1.0
+    with pytest.raises(ValueError, match=r"meta_info\['temperature'\] must be a number >= 0"):
+        actor.compute_log_prob(batch)
 
 
 def test_real_fp16_overflow_is_absorbed_then_training_works(caplog):
@@ -139,8 +173,7 @@ def test_micro_batches_accumulate_to_the_mini_batch_gradient():
     batch = batch_with_old_log_probs(a)
     ma, mb = a.update_policy(batch), b.update_policy(batch)
     assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
-    for pa, pb in zip(a.actor_module.parameters(), b.actor_module.parameters()):
-        torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)  # Adam amplifies float noise
+    assert_gradients_close(b.actor_module, a.actor_module, batch.batch["input_ids"].shape[1])
 
 
 def test_token_budget_micro_batches_give_the_same_update():
@@ -154,8 +187,7 @@ def test_token_budget_micro_batches_give_the_same_update():
     assert [len(m) for m in split_micro_batches(batch, a.micro_batching)] == [2, 2, 2, 2]
     ma, mb = a.update_policy(batch), b.update_policy(batch)
     assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
-    for pa, pb in zip(a.actor_module.parameters(), b.actor_module.parameters()):
-        torch.testing.assert_close(pa, pb, atol=1e-5, rtol=1e-4)
+    assert_gradients_close(b.actor_module, a.actor_module, batch.batch["input_ids"].shape[1])
 
 
 def test_checkpoint_resume_equals_an_uninterrupted_run(tmp_path):
@@ -231,8 +263,14 @@ def test_reinforce_loss_at_ratio_one_takes_the_same_step_as_the_clipped_loss():
     plain, weighted = make_actor(), make_actor()
     batch, _ = on_policy_batch(plain)
     plain.update_policy(batch)
-    batch.meta_info["rollout_correction"] = {"loss_type": "reinforce", "rollout_is": None, "rollout_is_threshold": 2.0}
+    # what the trainer hands the actor in bypass mode: algorithm.rollout_correction, as a dict
+    batch.meta_info["rollout_correction"] = {
+        "bypass_mode": True,
+        "loss_type": "reinforce",
+        "rollout_is": "token",
+        "rollout_is_threshold": 2.0,
+    }
     metrics = weighted.update_policy(batch)
-    assert metrics["actor/is_weight_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-6)
     for pa, pb in zip(plain.actor_module.parameters(), weighted.actor_module.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)

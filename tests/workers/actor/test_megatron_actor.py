@@ -54,7 +54,7 @@ class ScriptedOptimizer:
 
 def test_training_path_is_the_cpu_adapter():
     actor = make_megatron_actor()
-    assert actor.training_path.startswith("CPU path") and not actor.use_megatron_schedule
+    assert actor.training_path.startswith("CPU path") and not actor.backend.use_megatron_schedule
 
 
 def test_log_probs_equal_the_dp_actor_on_the_same_weights():

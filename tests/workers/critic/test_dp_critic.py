@@ -110,3 +110,12 @@ def test_checkpoint_round_trip_restores_handler_and_loss_scaler(tmp_path):
     assert resumed.num_update_steps == straight.num_update_steps == 20
     assert resumed.update_outcome_handler.state_dict() == straight.update_outcome_handler.state_dict()
     assert resumed.lr_scheduler.last_epoch == straight.lr_scheduler.last_epoch
+
+
+def test_the_critic_needs_no_temperature():
+    # only the actor's log-probs depend on the sampling temperature; a value batch without one trains
+    critic = make_critic()
+    batch = value_batch()
+    batch.meta_info.clear()
+    metrics = critic.update_critic(batch)
+    assert critic.num_update_steps == 1 and metrics["critic/update_failed"] == 0.0

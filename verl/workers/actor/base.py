@@ -13,11 +13,17 @@ from abc import abstractmethod
 import torch
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from verl.trainer.ppo.core_algos import (
+    agg_loss,
+    compute_policy_loss_bypass_mode,
+    get_policy_loss_fn,
+    kl_penalty,
+    loss_aggregation,
+)
 from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
-from verl.utils.torch_functional import compute_response_log_probs, masked_mean
-from verl.workers.actor.update_loop import UpdateLoop
+from verl.utils.torch_functional import compute_response_log_probs
+from verl.workers.actor.update_loop import UpdateLoop, loss_share
 from verl.workers.config.roles import MicroBatching
 from verl.workers.rollout.decoding import IncrementalDecoder, RecomputeDecoder
 
@@ -27,6 +33,32 @@ OPTIONAL_UPDATE_KEYS = ["rollout_log_probs", "rollout_is_weights"]
 LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # every tensor update_policy may read: the driver sends the update these and nothing else of the batch
 UPDATE_READS = [*UPDATE_KEYS, "old_log_probs", "ref_log_prob", *OPTIONAL_UPDATE_KEYS]
+
+
+def require_temperature(meta_info: dict, caller: str) -> float:
+    """The sampling temperature in ``meta_info["temperature"]``, which every log-prob computation needs.
+
+    Args:
+        meta_info: a batch's ``meta_info``.
+        caller: what asks, for the message (``"compute_log_prob"``, ``"update_policy"``).
+
+    Raises:
+        ValueError: the key is missing, or its value is not a number >= 0.
+    """
+    if "temperature" not in meta_info:
+        raise ValueError(
+            f"actor.{caller}: the batch's meta_info has no 'temperature'; log-probs are log_softmax(logits / "
+            "temperature) at the rollout's sampling temperature, and there is no default. Set "
+            "data.meta_info['temperature'] to actor_rollout_ref.rollout.temperature (the workers' compute_log_prob, "
+            "compute_ref_log_prob and update_actor do so from the config)."
+        )
+    temperature = meta_info["temperature"]
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not temperature >= 0:
+        raise ValueError(
+            f"actor.{caller}: meta_info['temperature'] must be a number >= 0 (0: greedy sampling), got "
+            f"{temperature!r}; set it to actor_rollout_ref.rollout.temperature."
+        )
+    return float(temperature)
 
 
 class BasePPOActor(UpdateLoop):
@@ -80,13 +112,16 @@ class BasePPOActor(UpdateLoop):
         """Log-probs (B, R) of the response tokens, and entropy (B, R) when asked (else None); no gradients.
 
         Args:
-            data: rows with the sequence tensors (B, P+R) and ``responses`` (B, R); the temperature comes from
-                ``data.meta_info``.
+            data: rows with the sequence tensors (B, P+R) and ``responses`` (B, R); ``data.meta_info["temperature"]``
+                is the sampling temperature the log-probs are taken at (required).
             micro_batching: how to split the batch (the old-log-prob pass reads ``actor_rollout_ref.rollout``'s
                 settings, the reference pass ``actor_rollout_ref.ref``'s); None runs the batch as one.
             calculate_entropy: also return the entropy of each position's distribution.
+
+        Raises:
+            ValueError: ``data.meta_info`` has no valid ``temperature``.
         """
-        temperature = data.meta_info.get("temperature", 1.0)
+        temperature = require_temperature(data.meta_info, "compute_log_prob")
         if micro_batching is None:
             micro_batching = MicroBatching(size=max(len(data), 1), use_dynamic_bsz=False, max_token_len=0)
         log_probs, entropies = [], []
@@ -101,8 +136,48 @@ class BasePPOActor(UpdateLoop):
 
     # ------------------------------------------------------------------ the loss
 
+    def _update_temperature(self, data: DataProto) -> float:
+        return require_temperature(data.meta_info, "update_policy")
+
+    def _loss_aggregation(self) -> str:
+        """The policy loss's own aggregation (gspo, sapo and geo_mean fix theirs), which weighs the micro-batches."""
+        if self._bypass_settings() is not None:
+            return self.config.loss_agg_mode  # the bypass loss replaces the policy loss, and aggregates by the mode
+        return loss_aggregation(self.config.policy_loss.loss_mode, self.config.loss_agg_mode)
+
+    def _bypass_settings(self) -> dict | None:
+        """``algorithm.rollout_correction`` as the trainer handed it over in bypass mode (or with verl's reinforce
+        loss type), else None."""
+        correction = self._correction
+        if correction is None or not (correction.get("bypass_mode") or correction.get("loss_type") == "reinforce"):
+            return None
+        return correction
+
+    def _aux_term_scale(self, mask: torch.Tensor) -> float:
+        """Factor on the entropy and KL terms (aggregated by ``loss_agg_mode``) of a micro-batch whose whole loss is
+        weighted by the policy loss's aggregation: their own share over the policy loss's, so that each term's
+        accumulated gradient equals its mini-batch value. 1 when both aggregate alike or outside a mini-batch."""
+        pg_mode, own_mode, mini = self._loss_aggregation(), self.config.loss_agg_mode, self.current_mini_batch
+        if mini is None or pg_mode == own_mode:
+            return 1.0
+        mini_mask = mini.batch["response_mask"]
+        pg_share = loss_share(mask, mini_mask, pg_mode)
+        return loss_share(mask, mini_mask, own_mode) / pg_share if pg_share > 0 else 0.0
+
     def _micro_batch_loss(self, micro: DataProto, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
         log_prob, entropy = self._forward_micro_batch(micro, temperature, self.config.entropy_coeff != 0)
+        return self._loss_from_log_probs(micro, log_prob, entropy)
+
+    def _loss_from_model_output(self, micro: DataProto, output: torch.Tensor, temperature: float):
+        """The loss from the full-sequence logits (B, S, V) of a backend-run forward pass (no padding trimmed)."""
+        batch = micro.batch
+        log_prob, entropy = compute_response_log_probs(
+            output.float(),
+            batch["input_ids"],
+            batch["responses"].shape[-1],
+            temperature,
+            calculate_entropy=self.config.entropy_coeff != 0,
+        )
         return self._loss_from_log_probs(micro, log_prob, entropy)
 
     def _loss_from_log_probs(self, micro: DataProto, log_prob, entropy) -> tuple[torch.Tensor, dict[str, float]]:
@@ -110,16 +185,18 @@ class BasePPOActor(UpdateLoop):
         batch, cfg = micro.batch, self.config
         log_prob = log_prob.float()
         mask = batch["response_mask"]
-        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss)
+        policy_loss_fn = get_policy_loss_fn(cfg.policy_loss.loss_mode)
         # Without a separate old-log-prob pass the update is on-policy (checked in _update_batch_keys): the weights
         # that sampled the batch are the ones computing log_prob now, so the old log-probs are log_prob itself.
         on_policy = "old_log_probs" not in batch.keys()
         old_log_prob = log_prob.detach() if on_policy else batch["old_log_probs"]
         if on_policy and "rollout_log_probs" in batch.keys() and self._first_forward is not None:
             self._first_forward.append((batch["rollout_log_probs"], log_prob.detach(), mask))
-        if self._correction is not None and self._correction.get("loss_type") == "reinforce":
-            pg_loss, pg_metrics = importance_weighted_pg_loss(
-                log_prob, batch["rollout_log_probs"], batch["advantages"], mask, cfg.loss_agg_mode, self._correction
+        if self._bypass_settings() is not None:
+            # verl's bypass mode: the rollout's log-probs are the old ones, corrected against the current policy
+            rollout = batch["rollout_log_probs"] if "rollout_log_probs" in batch.keys() else old_log_prob
+            pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
+                rollout, log_prob, batch["advantages"], mask, cfg.loss_agg_mode, _BypassView(cfg, self._correction)
             )
         else:
             extra = {"rollout_is_weights": batch["rollout_is_weights"]} if "rollout_is_weights" in batch.keys() else {}
@@ -128,15 +205,18 @@ class BasePPOActor(UpdateLoop):
             )
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss.item()}
-        metrics.update({f"actor/{k}": float(v) for k, v in pg_metrics.items()})
+        # a loss's own metrics get the role; rollout_corr/... ones are logged as verl names them
+        metrics.update({(k if "/" in k else f"actor/{k}"): float(v) for k, v in pg_metrics.items()})
+        aux_scale = self._aux_term_scale(mask) if cfg.entropy_coeff != 0 or cfg.use_kl_loss else 1.0
+        agg_kwargs = {"loss_scale_factor": cfg.loss_scale_factor}
         if cfg.entropy_coeff != 0:
-            entropy_loss = agg_loss(entropy.float(), mask, cfg.loss_agg_mode)
-            loss = loss - cfg.entropy_coeff * entropy_loss
+            entropy_loss = agg_loss(entropy.float(), mask, cfg.loss_agg_mode, **agg_kwargs)
+            loss = loss - cfg.entropy_coeff * aux_scale * entropy_loss
             metrics["actor/entropy"] = entropy_loss.item()
         if cfg.use_kl_loss:
             kl = kl_penalty(log_prob, batch["ref_log_prob"], cfg.kl_loss_type)
-            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
-            loss = loss + cfg.kl_loss_coef * kl_loss
+            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **agg_kwargs)
+            loss = loss + cfg.kl_loss_coef * aux_scale * kl_loss
             metrics["actor/kl_loss"] = kl_loss.item()
         return loss, metrics
 
@@ -162,14 +242,18 @@ class BasePPOActor(UpdateLoop):
 
         Args:
             data: rows with the sequence tensors (B, P+R), ``responses``, ``response_mask``, ``advantages`` (B, R),
-                ``old_log_probs`` (B, R) unless the step is one on-policy update, and ``ref_log_prob`` with a KL loss.
+                ``old_log_probs`` (B, R) unless the step is one on-policy update, and ``ref_log_prob`` with a KL loss;
+                ``meta_info["temperature"]``, the sampling temperature (required).
 
         Raises:
             UpdateFailedError: when the actor's update-failure policy stops the run.
+            ValueError: ``data.meta_info`` has no valid ``temperature``, or the batch lacks what the update reads.
 
-        ``data.meta_info["rollout_correction"]`` (set by the trainer) may ask for the importance-weighted policy
-        gradient instead of the policy loss. Without ``old_log_probs`` but with ``rollout_log_probs``, the mismatch
-        metrics are taken against the update's own first forward (the old policy of a single on-policy update).
+        ``data.meta_info["rollout_correction"]`` (set by the trainer in bypass mode: ``algorithm.rollout_correction``
+        as a dict) switches the policy loss to verl's ``bypass_mode`` loss, which weighs and rejects against the
+        current policy and reports ``rollout_corr/...`` metrics. Without ``old_log_probs`` but with
+        ``rollout_log_probs``, the mismatch metrics are taken against the update's own first forward (the old policy
+        of a single on-policy update).
         """
         from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 
@@ -185,22 +269,22 @@ class BasePPOActor(UpdateLoop):
         return metrics
 
 
-def importance_weighted_pg_loss(log_prob, rollout_log_prob, advantages, mask, loss_agg_mode: str, correction: dict):
-    """The policy gradient weighted by pi_theta / mu (no clipping), ``rollout_correction.loss_type=reinforce``.
+class _BypassView:
+    """The actor config as the ``bypass_mode`` loss reads it: every key as is, and ``policy_loss.rollout_correction``
+    (what verl's trainer attaches to its mutable config at run time) from the settings the trainer handed over."""
 
-    loss = agg(-A * w * log pi_theta), with w = stop_gradient(pi_theta / mu) per token or per sequence (product),
-    truncated at ``rollout_is_threshold`` when ``rollout_is`` is set (untruncated per token otherwise), so that the
-    gradient is w * A * grad log pi_theta: the on-policy gradient, corrected for sampling from mu.
+    def __init__(self, config, correction: dict):
+        self._config = config
+        self.policy_loss = _PolicyLossView(config.policy_loss, correction)
 
-    Returns:
-        (loss, metrics) with ``is_weight_mean`` over the valid tokens.
-    """
-    log_ratio = (log_prob.detach() - rollout_log_prob).clamp(-20.0, 20.0)
-    level = correction.get("rollout_is") or "token"
-    if level == "sequence":
-        log_ratio = (log_ratio * mask).sum(-1, keepdim=True).clamp(-20.0, 20.0).expand_as(log_prob)
-    weights = log_ratio.exp()
-    if correction.get("rollout_is"):
-        weights = weights.clamp(max=correction["rollout_is_threshold"])
-    loss = agg_loss(-advantages * weights * log_prob, mask, loss_agg_mode)
-    return loss, {"is_weight_mean": masked_mean(weights, mask).item()}
+    def __getattr__(self, name):
+        return getattr(self._config, name)
+
+
+class _PolicyLossView:
+    def __init__(self, section, correction: dict):
+        self._section = section
+        self.rollout_correction = correction
+
+    def __getattr__(self, name):
+        return getattr(self._section, name)

@@ -1,9 +1,10 @@
 """The ``dp`` backend's actor: a Hugging Face causal LM (or any module returning logits) in plain PyTorch.
 
 Data parallelism is the optimizer's business (:class:`verl.utils.amp_optimizer.AmpOptimizer` averages gradients
-over the process group before it checks them), so this class only says how to run the model forward; the loop,
-the losses and the optimizer-step contract live in :class:`~verl.workers.actor.update_loop.UpdateLoop` and
-:class:`~verl.workers.actor.base.BasePPOActor`. :func:`build_dp_actor` is what a worker calls.
+over the process group before it checks them), so this class only says how to run the model forward and which
+backend trains it (:class:`~verl.workers.actor.backend.DPBackend`); the loop, the losses and the optimizer-step
+contract live in :class:`~verl.workers.actor.update_loop.UpdateLoop` and :class:`~verl.workers.actor.base.BasePPOActor`.
+:func:`build_dp_actor` is what a worker calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import PreTrainedModel
 from verl.models.llama_decode import LlamaFamilyDecoder, supports_llama_decode
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.utils.padding_free import forward_packed
+from verl.workers.actor.backend import DPBackend, TrainingBackend
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
@@ -36,6 +38,8 @@ class DataParallelPPOActor(BasePPOActor):
         lr_scheduler: its LR schedule.
         use_remove_padding: run forward passes on the packed real tokens (``model.use_remove_padding``; see
             :mod:`verl.utils.padding_free`).
+        backend: the training backend (default :class:`~verl.workers.actor.backend.DPBackend`; the FSDP2 actor
+            passes its :class:`~verl.workers.actor.backend.FSDPBackend`).
         **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see :func:`build_loop_parts`).
     """
 
@@ -46,11 +50,13 @@ class DataParallelPPOActor(BasePPOActor):
         optimizer=None,
         lr_scheduler=None,
         use_remove_padding: bool = False,
+        backend: TrainingBackend | None = None,
         **loop_parts,
     ):
         self.actor_module = actor_module
         self.use_remove_padding = use_remove_padding
-        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
+        backend = DPBackend() if backend is None else backend
+        super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
 
     def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         kwargs = {"use_cache": False} if isinstance(self.actor_module, PreTrainedModel) else {}

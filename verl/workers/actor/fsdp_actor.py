@@ -6,9 +6,10 @@ training dtype through FSDP2's mixed-precision policy. The update loop, the loss
 are the shared ones (:class:`~verl.workers.actor.update_loop.UpdateLoop`); the step itself is
 :class:`~verl.utils.fsdp_optimizer.ShardedAmpOptimizer`, whose verdict every rank agrees on before anyone updates.
 
-:class:`FSDPUpdateLoopMixin` is what any FSDP2-trained model (actor, critic) changes in the loop: autocast on the
-compute device (parameters may sit in CPU memory under offload) and sharded checkpoints
-(:mod:`verl.utils.fsdp_checkpoint`), whose save and load are collective: every rank calls them.
+What any FSDP2-trained model (actor, critic) changes in the loop is its backend,
+:class:`~verl.workers.actor.backend.FSDPBackend`: autocast on the compute device (parameters may sit in CPU memory
+under offload) and sharded checkpoints (:mod:`verl.utils.fsdp_checkpoint`), whose save and load are collective:
+every rank calls them. :func:`shard_for_training` shards a model and builds its optimizer, for both roles.
 :func:`build_fsdp_actor` is what a worker calls; it also builds the frozen reference (no optimizer, no gradients).
 
 Every rank must run the same number of forward passes (each one gathers parameters from all ranks): the data
@@ -18,20 +19,16 @@ dispatch gives every rank the same number of rows, and the rollout agrees on whe
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
-from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, CheckpointError, load_state, save_state, save_weights
-from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR, SHARDED_DIR, export_huggingface, load_sharded, save_sharded
 from verl.utils.fsdp_optimizer import build_sharded_amp_optimizer
-from verl.utils.fsdp_utils import enable_activation_checkpointing, full_state_dict, shard_model
+from verl.utils.fsdp_utils import enable_activation_checkpointing, shard_model
+from verl.workers.actor.backend import FSDPBackend
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
@@ -39,67 +36,9 @@ from verl.workers.config import ActorConfig
 logger = logging.getLogger(__name__)
 
 
-class FSDPUpdateLoopMixin:
-    """FSDP2's changes to an :class:`~verl.workers.actor.update_loop.UpdateLoop`: compute device, checkpoints.
-
-    The class using it sets ``self.mesh`` (the data-parallel :class:`DeviceMesh`) and may set
-    ``self.hf_export = True`` to write a Hugging Face directory with each checkpoint.
-    """
-
-    mesh: DeviceMesh
-    hf_export: bool = False
-
-    def autocast(self):
-        """Mixed precision on the mesh's device (the parameters' own device is the CPU under offload)."""
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.mesh.device_type, dtype=self.dtype)
-
-    def _torch_optimizer(self) -> torch.optim.Optimizer | None:
-        return None if self.optimizer is None else self.optimizer.optimizer
-
-    def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: every rank writes its shards to ``sharded/``; rank 0 the gathered ``model.safetensors``,
-        ``train_state.pt`` and, for a Hugging Face model, the ``huggingface/`` export.
-
-        The caller makes the directory atomic (see :func:`verl.utils.checkpoint.atomic_directory`).
-        """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        module = self.model_module()
-        group = self.mesh.get_group()
-        save_sharded(directory / SHARDED_DIR, module, self._torch_optimizer(), group)
-        weights = full_state_dict(module)  # collective; only rank 0 receives the tensors
-        if self.mesh.get_local_rank() != 0:
-            return
-        save_weights(directory / WEIGHTS_FILE, weights)
-        save_state(directory / TRAIN_STATE_FILE, self.training_state_dict())
-        if self.hf_export:
-            export_huggingface(directory / HF_EXPORT_DIR, module, directory / WEIGHTS_FILE)
-
-    def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Collective: restore the shards of weights and optimizer state, then what every rank shares.
-
-        Raises:
-            CheckpointError: the directory has no sharded checkpoint (it was written by another backend), or a
-                file is missing or damaged.
-        """
-        directory = Path(directory)
-        sharded = directory / SHARDED_DIR
-        if not sharded.is_dir():
-            raise CheckpointError(
-                sharded,
-                "is missing: this checkpoint was not written by the fsdp2 backend (dp and megatron write whole "
-                "weights only), so its optimizer state cannot be resharded. Resume with the strategy that wrote it",
-            )
-        load_sharded(sharded, self.model_module(), self._torch_optimizer(), self.mesh.get_group())
-        if self.optimizer is not None and self.optimizer.offload_state:
-            self.optimizer.move_state(torch.device("cpu"))
-        self.load_training_state_dict(load_state(directory / TRAIN_STATE_FILE))
-
-
-class FSDPPPOActor(FSDPUpdateLoopMixin, DataParallelPPOActor):
-    """PPO actor over an FSDP2-sharded causal LM: the ``dp`` actor's forward pass, FSDP2's device and checkpoints.
+class FSDPPPOActor(DataParallelPPOActor):
+    """PPO actor over an FSDP2-sharded causal LM: the ``dp`` actor's forward pass on the
+    :class:`~verl.workers.actor.backend.FSDPBackend` (autocast on the mesh's device, sharded checkpoints).
 
     Args:
         config: the ``actor_rollout_ref.actor`` config (per-rank mini-batch size in samples).
@@ -127,10 +66,16 @@ class FSDPPPOActor(FSDPUpdateLoopMixin, DataParallelPPOActor):
         use_remove_padding: bool = False,
         **loop_parts,
     ):
-        self.mesh = mesh
-        self.hf_export = isinstance(actor_module, PreTrainedModel)
+        # a Hugging Face model also gets a Hugging Face export with each checkpoint
+        backend = FSDPBackend(mesh, hf_export=isinstance(actor_module, PreTrainedModel))
         super().__init__(
-            config, actor_module, optimizer, lr_scheduler, use_remove_padding=use_remove_padding, **loop_parts
+            config,
+            actor_module,
+            optimizer,
+            lr_scheduler,
+            use_remove_padding=use_remove_padding,
+            backend=backend,
+            **loop_parts,
         )
 
 

@@ -1,12 +1,14 @@
 """The one update loop every trained model runs, and its optimizer-step contract.
 
-:class:`UpdateLoop` is role-neutral: ``ppo_epochs`` x mini-batches x micro-batches, gradient accumulation weighted
-by each micro-batch's share, one optimizer step per mini-batch, and then always
+:class:`UpdateLoop` is role-neutral and backend-neutral: ``ppo_epochs`` x mini-batches x micro-batches, gradient
+accumulation weighted by each micro-batch's share, one optimizer step per mini-batch, and then always
 ``outcome = self._optimizer_step()`` followed by ``self.update_outcome_handler.handle(outcome)``. The loop never
 branches on success itself, so what a failed update means is decided by the configured policy alone. The actor
 (:class:`~verl.workers.actor.base.BasePPOActor`) and the critic (:class:`~verl.workers.critic.base.BasePPOCritic`)
-are siblings on this loop: each says which batch keys its update reads and what the loss of a micro-batch is. A
-backend says how its model runs (:meth:`UpdateLoop.model_module`, and optionally the backward schedule).
+are siblings on this loop: each says which batch keys its update reads, at which temperature, and what the loss of
+a micro-batch is. Everything that differs between backends (autocast, the backward over a mini-batch, where the
+fire drill poisons, the optimizer step and its loss scale, checkpoints) is answered by the loop's
+:class:`~verl.workers.actor.backend.TrainingBackend`; a model's class adds only its module and forward pass.
 
 The builders construct the update-outcome handler and the fire drill and pass them in; a frozen model (the
 reference policy) gets neither, and no optimizer.
@@ -14,19 +16,16 @@ reference policy) gets neither, and no optimizer.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.checkpoint import load_state, load_weights, save_state, save_weights
 from verl.utils.metrics import StepMetrics
-from verl.utils.micro_batching import split_by_length
+from verl.workers.actor.backend import FIRE_DRILL_TARGETS, TrainingBackend
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.config import TrainedModelConfig
 from verl.workers.update_outcome import UpdateOutcome, UpdateOutcomeHandler
@@ -36,9 +35,35 @@ logger = logging.getLogger(__name__)
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _tied_aliases(weights: dict[str, torch.Tensor]) -> set[str]:
-    # Tied output weights are saved once under the embedding name by some models; nothing is missing then.
-    return {"lm_head.weight"} if "model.embed_tokens.weight" in weights else set()
+def loss_share(micro_mask: torch.Tensor, mini_mask: torch.Tensor, aggregation: str) -> float:
+    """The weight of a micro-batch's loss in its mini-batch, under the loss's aggregation.
+
+    A micro-batch's loss is normalised by its own count (tokens, sequences); scaled by its share of the mini-batch's
+    count, the accumulated gradients equal those of the mini-batch's loss. ``token-mean`` shares by valid tokens,
+    ``seq-mean-token-sum`` / ``seq-mean-token-mean`` by sequences with a valid token (the ones ``agg_loss``
+    counts), ``row-mean`` by rows; ``token-sum`` and ``seq-mean-token-sum-norm`` divide by nothing that depends on
+    the micro-batch (a sum, or a constant), so each micro-batch counts whole (1).
+
+    Args:
+        micro_mask: (b, R) the micro-batch's response mask.
+        mini_mask: (B, R) the mini-batch's response mask.
+        aggregation: an ``agg_loss`` mode or ``"row-mean"``.
+
+    Raises:
+        ValueError: an unknown aggregation.
+    """
+    if aggregation == "token-mean":
+        return float(micro_mask.sum()) / max(float(mini_mask.sum()), 1.0)
+    if aggregation in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float((micro_mask.sum(-1) > 0).sum()) / max(float((mini_mask.sum(-1) > 0).sum()), 1.0)
+    if aggregation == "row-mean":
+        return micro_mask.shape[0] / max(mini_mask.shape[0], 1)
+    if aggregation in ("token-sum", "seq-mean-token-sum-norm"):
+        return 1.0
+    raise ValueError(
+        f"loss aggregation {aggregation!r} is not supported; use token-mean, token-sum, seq-mean-token-sum, "
+        "seq-mean-token-mean, seq-mean-token-sum-norm (or row-mean for a loss that averages over rows)."
+    )
 
 
 class UpdateLoop(ABC):
@@ -50,6 +75,8 @@ class UpdateLoop(ABC):
         optimizer: an optimizer with megatron-core's contract: ``step() -> (successful, grad_norm, num_zeros)``,
             ``get_loss_scale()``, ``zero_grad()``, ``backward(loss)``, ``state_dict()``; None for a frozen model.
         lr_scheduler: stepped once per training step in which at least one update succeeded.
+        backend: how the model trains on its backend (:class:`~verl.workers.actor.backend.DPBackend`,
+            ``FSDPBackend``, ``MegatronBackend``).
         update_outcome_handler: decides what a failed update means (None for a frozen model).
         fault_injector: the fire drill (None: off).
         rank: data-parallel rank.
@@ -58,9 +85,8 @@ class UpdateLoop(ABC):
     outcome.
     """
 
-    # Where the fire drill strikes: False poisons the gradients before the optimizer step (the optimizer reduces
-    # them itself); a backend whose gradients are reduced inside its backward schedule poisons the losses instead.
-    fire_drill_poisons_loss = False
+    # the mini-batch whose micro-batches are being accumulated (None outside :meth:`update`)
+    current_mini_batch: DataProto | None = None
 
     def __init__(
         self,
@@ -68,6 +94,7 @@ class UpdateLoop(ABC):
         optimizer: Any = None,
         lr_scheduler: Any = None,
         *,
+        backend: TrainingBackend,
         update_outcome_handler: UpdateOutcomeHandler | None = None,
         fault_injector: FaultInjector | None = None,
         rank: int = 0,
@@ -76,6 +103,8 @@ class UpdateLoop(ABC):
         self.role = type(config).ROLE
         if optimizer is not None and update_outcome_handler is None:
             raise ValueError(f"{self.role}: a trained model needs an update-outcome handler (see build_loop_parts).")
+        assert backend.fire_drill_target in FIRE_DRILL_TARGETS, backend.fire_drill_target
+        self.backend = backend
         self.rank = rank
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -92,7 +121,7 @@ class UpdateLoop(ABC):
                 f"ppo_micro_batch_size_per_gpu ({self.micro_batch_size})."
             )
 
-    # ------------------------------------------------------------------ what a backend provides
+    # ------------------------------------------------------------------ what a model's class provides
 
     @abstractmethod
     def model_module(self) -> torch.nn.Module:
@@ -103,18 +132,8 @@ class UpdateLoop(ABC):
         return [p for p in self.model_module().parameters() if p.requires_grad]
 
     def autocast(self):
-        """Mixed-precision context for forward passes (fp32 master weights, fp16/bf16 compute)."""
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        device = next(self.model_module().parameters()).device.type
-        return torch.autocast(device_type=device, dtype=self.dtype)
-
-    def _current_loss_scale(self) -> float | None:
-        scale = self.optimizer.get_loss_scale()
-        return None if scale is None else float(scale)
-
-    def _min_loss_scale(self) -> float | None:
-        return getattr(self.optimizer, "min_loss_scale", None)
+        """Mixed-precision context for forward passes (fp32 master weights, fp16/bf16 compute), the backend's."""
+        return self.backend.autocast(self)
 
     # ------------------------------------------------------------------ what a role provides
 
@@ -123,63 +142,69 @@ class UpdateLoop(ABC):
         """The batch keys one update reads (``data`` may tell which optional keys are present)."""
 
     @abstractmethod
-    def _micro_batch_loss(self, micro: DataProto, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def _update_temperature(self, data: DataProto) -> float | None:
+        """The sampling temperature the update's log-probs are computed at (None: the role computes none).
+
+        Raises:
+            ValueError: the role needs it and ``data.meta_info`` lacks it.
+        """
+
+    @abstractmethod
+    def _micro_batch_loss(self, micro: DataProto, temperature: float | None) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of one micro-batch (with gradients) and its metrics (reduced by mean over a step)."""
 
+    def _loss_from_model_output(
+        self, micro: DataProto, output: torch.Tensor, temperature: float | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch from the model output a backend's own schedule computed (megatron-core's)."""
+        raise NotImplementedError(f"{self.role}: no loss from a backend-run forward pass (no megatron-core schedule).")
+
     # ------------------------------------------------------------------ the loop
+
+    def _loss_aggregation(self) -> str:
+        """How the micro-batch loss aggregates (an ``agg_loss`` mode, or ``"row-mean"``); the role may override."""
+        return self.config.loss_agg_mode
 
     def _micro_batch_weight(self, micro: DataProto, mini: DataProto) -> float:
         """The micro-batch's share of the mini-batch, so that accumulated gradients equal the mini-batch loss's.
 
-        token-mean averages over tokens, so the share is by valid tokens; the sequence-mean modes share by rows.
+        The share follows the loss's aggregation (:meth:`_loss_aggregation`, see :func:`loss_share`).
         """
-        if self.config.loss_agg_mode == "token-mean":
-            return float(micro.batch["response_mask"].sum()) / max(float(mini.batch["response_mask"].sum()), 1.0)
-        return len(micro) / len(mini)
+        return loss_share(micro.batch["response_mask"], mini.batch["response_mask"], self._loss_aggregation())
 
-    def _backward_mini_batch(self, mini: DataProto, temperature: float) -> list[dict[str, float]]:
+    def _backward_mini_batch(self, mini: DataProto, temperature: float | None) -> list[dict[str, float]]:
         """Forward and backward every micro-batch of ``mini``, accumulating gradients; returns their metrics."""
-        self.optimizer.zero_grad()
-        all_metrics = []
-        micro_batches, _ = split_by_length(mini, self.micro_batching)  # similar lengths: little padding each
-        for micro in micro_batches:
-            loss, metrics = self._micro_batch_loss(micro, temperature)
-            self.optimizer.backward(loss * self._micro_batch_weight(micro, mini))
-            all_metrics.append(metrics)
-        return all_metrics
+        return self.backend.backward_mini_batch(self, mini, temperature)
 
     def _optimizer_step(self) -> UpdateOutcome:
         """One optimizer step, reported as an :class:`UpdateOutcome` (computed from globally reduced values)."""
         self.num_update_steps += 1
         step = self.num_update_steps
-        if not self.fire_drill_poisons_loss:
+        if self.backend.fire_drill_target == "gradients":  # otherwise the backward already poisoned the losses
             self.fault_injector.maybe_poison(step, self.trainable_parameters())
-        loss_scale = self._current_loss_scale()  # the scale this step's gradients were computed with
-        successful, grad_norm, num_zeros = self._step_optimizer()
+        loss_scale = self.backend.loss_scale(self)  # the scale this step's gradients were computed with
+        successful, grad_norm, num_zeros = self.backend.step(self)
         return UpdateOutcome(
             successful=bool(successful),
             grad_norm=None if grad_norm is None else float(grad_norm),
             num_zeros_in_grad=None if num_zeros is None else int(num_zeros),
             loss_scale=loss_scale,
-            min_loss_scale=self._min_loss_scale(),
+            min_loss_scale=self.backend.min_loss_scale(self),
             step=step,
             role=self.role,
         )
-
-    def _step_optimizer(self) -> tuple[bool, float | None, int | None]:
-        """The optimizer's ``step()``; a backend may guard it (see MegatronPPOActor)."""
-        return self.optimizer.step()
 
     def update(self, data: DataProto) -> dict[str, float]:
         """Train on ``data`` (rows of this rank) and return the step's metrics, reduced over its updates.
 
         Raises:
             UpdateFailedError: when the update-failure policy stops the run.
-            ValueError: a frozen model, or a batch that does not split into mini-batches.
+            ValueError: a frozen model, a batch that does not split into mini-batches, or one without what the role
+                needs (the actor's ``meta_info["temperature"]``).
         """
         if self.optimizer is None:
             raise ValueError(f"{self.role}: this model is frozen (built without an optimizer); it cannot train.")
-        temperature = data.meta_info.get("temperature", 1.0)
+        temperature = self._update_temperature(data)
         data = data.select(batch_keys=self._update_batch_keys(data))
         if len(data) % self.mini_batch_size:
             raise ValueError(
@@ -193,8 +218,12 @@ class UpdateLoop(ABC):
         }
         num_successful = 0
         for mini in data.make_iterator(self.mini_batch_size, self.config.ppo_epochs, seed=seed):
-            for micro_metrics in self._backward_mini_batch(mini, temperature):
-                metrics.add(micro_metrics)
+            self.current_mini_batch = mini  # what a role's loss may weigh its terms against (see the actor's)
+            try:
+                for micro_metrics in self._backward_mini_batch(mini, temperature):
+                    metrics.add(micro_metrics)
+            finally:
+                self.current_mini_batch = None
             outcome = self._optimizer_step()
             metrics.add(self.update_outcome_handler.handle(outcome), handler_reductions)
             if outcome.successful:
@@ -227,27 +256,15 @@ class UpdateLoop(ABC):
         self.num_update_steps = int(state["num_update_steps"])
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Weights to ``model.safetensors`` and the training state to ``train_state.pt`` in ``directory``.
+        """Weights and training state into ``directory``, as the backend writes them (see its ``save_checkpoint``).
 
         The caller makes the directory atomic (see :func:`verl.utils.checkpoint.atomic_directory`).
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        save_weights(directory / "model.safetensors", self.model_module().state_dict())
-        save_state(directory / "train_state.pt", self.training_state_dict())
+        self.backend.save_checkpoint(self, directory)
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Restore what :meth:`save_checkpoint` wrote: weights, optimizer, loss scaler, LR schedule, handler."""
-        directory = Path(directory)
-        weights = load_weights(directory / "model.safetensors")
-        missing, unexpected = self.model_module().load_state_dict(weights, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state") and k not in _tied_aliases(weights)]
-        if missing or unexpected:
-            raise ValueError(
-                f"{directory}: checkpoint weights do not fit the model (missing {missing[:5]}, unexpected "
-                f"{list(unexpected)[:5]}); was it written for another model?"
-            )
-        self.load_training_state_dict(load_state(directory / "train_state.pt"))
+        self.backend.load_checkpoint(self, directory)
 
 
 def build_loop_parts(config: TrainedModelConfig, *, rank: int) -> dict[str, Any]:

@@ -5,8 +5,10 @@ the clipped value loss instead of the policy loss, and everything else is the lo
 gradient accumulation weights, ``_optimizer_step`` -> :class:`~verl.workers.update_outcome.UpdateOutcome`
 (``role="critic"``) -> the handler built from ``critic.update_failure_policy``, the fire drill under
 ``critic.fault_injection``, the LR-schedule rule and the checkpoint with handler and loss-scaler state. A failed
-critic update is therefore judged by exactly the code that judges a failed actor update. A backend only says how
-to run its value model forward (:meth:`BasePPOCritic._forward_values`).
+critic update is therefore judged by exactly the code that judges a failed actor update. A model's class only says
+how to run its value model forward (:meth:`BasePPOCritic._forward_values`) and on which
+:class:`~verl.workers.actor.backend.TrainingBackend` it trains. The critic samples nothing, so unlike the actor it
+needs no temperature.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def init_value_head_(head: torch.nn.Linear, *, seed: int, std: float = DEFAULT_H
 class BasePPOCritic(UpdateLoop):
     """The critic on every backend (role ``"critic"``); see :class:`UpdateLoop` for the arguments."""
 
-    # ------------------------------------------------------------------ what a backend provides
+    # ------------------------------------------------------------------ what a model's class provides
 
     @abstractmethod
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
@@ -114,8 +116,8 @@ class BasePPOCritic(UpdateLoop):
 
     # ------------------------------------------------------------------ the update
 
-    def _micro_batch_loss(self, micro: DataProto, temperature: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """Clipped value loss of one micro-batch, and its ``critic/...`` metrics (temperature is unused)."""
+    def _micro_batch_loss(self, micro: DataProto, temperature: None) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped value loss of one micro-batch, and its ``critic/...`` metrics (there is no temperature)."""
         vpreds = self._forward_response_values(micro)
         batch = micro.batch
         mask = batch["response_mask"]
@@ -136,6 +138,9 @@ class BasePPOCritic(UpdateLoop):
 
     def _update_batch_keys(self, data: DataProto) -> list[str]:
         return list(CRITIC_UPDATE_KEYS)
+
+    def _update_temperature(self, data: DataProto) -> None:
+        return None  # values do not depend on a sampling temperature
 
     def update_critic(self, data: DataProto) -> dict[str, float]:
         """Train the value model on ``data`` (rows of this rank); returns the step's ``critic/...`` metrics.

@@ -2,8 +2,9 @@
 
 :class:`ValueModel` keeps the causal LM's transformer (``model.model`` of a ``*ForCausalLM``; the LM head is
 dropped) and puts a ``Linear(hidden, 1)`` on its last hidden states, initialised small and seeded so that the first
-values are near zero and runs are reproducible. :class:`DataParallelPPOCritic` runs it under the shared critic loop;
-data parallelism is the optimizer's business, as for the actor. :func:`build_dp_critic` is what a worker calls.
+values are near zero and runs are reproducible. :class:`DataParallelPPOCritic` runs it under the shared critic loop
+on the :class:`~verl.workers.actor.backend.DPBackend`; data parallelism is the optimizer's business, as for the
+actor. :func:`build_dp_critic` is what a worker calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import PreTrainedModel
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.utils.cpu_linear import use_onednn_linear
 from verl.utils.padding_free import forward_packed
+from verl.workers.actor.backend import DPBackend, TrainingBackend
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
 from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
@@ -105,14 +107,24 @@ class DataParallelPPOCritic(BasePPOCritic):
             (B, S, 1) values (a :class:`ValueModel`).
         optimizer: an :class:`~verl.utils.amp_optimizer.AmpOptimizer` over the module's parameters.
         lr_scheduler: its LR schedule.
+        backend: the training backend (default :class:`~verl.workers.actor.backend.DPBackend`; the FSDP2 critic
+            passes its :class:`~verl.workers.actor.backend.FSDPBackend`).
         **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see ``build_loop_parts``).
     """
 
     def __init__(
-        self, config: CriticConfig, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, **loop_parts
+        self,
+        config: CriticConfig,
+        critic_module: torch.nn.Module,
+        optimizer,
+        lr_scheduler=None,
+        *,
+        backend: TrainingBackend | None = None,
+        **loop_parts,
     ):
         self.critic_module = critic_module
-        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
+        backend = DPBackend() if backend is None else backend
+        super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
 
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         values = self.critic_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)

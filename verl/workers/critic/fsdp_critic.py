@@ -1,7 +1,7 @@
 """The ``fsdp2`` backend's critic: the ``dp`` value model (:class:`ValueModel`) sharded with torch FSDP2.
 
 The backbone's decoder layers and the root (backbone rest + value head) are FSDP2 units; the optimizer step, the
-fp16 loss scale and the sharded checkpoints are the FSDP2 actor's (:class:`FSDPUpdateLoopMixin`,
+fp16 loss scale and the sharded checkpoints are the FSDP2 actor's (:class:`~verl.workers.actor.backend.FSDPBackend`,
 :class:`~verl.utils.fsdp_optimizer.ShardedAmpOptimizer`). The critic writes no Hugging Face export: a backbone with
 a value head is no ``transformers`` class. :func:`build_fsdp_critic` is what a worker calls.
 """
@@ -15,7 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from verl.utils.cpu_linear import use_onednn_linear
 from verl.utils.fsdp_utils import enable_activation_checkpointing
-from verl.workers.actor.fsdp_actor import FSDPUpdateLoopMixin, shard_for_training
+from verl.workers.actor.backend import FSDPBackend
+from verl.workers.actor.fsdp_actor import shard_for_training
 from verl.workers.actor.update_loop import build_loop_parts
 from verl.workers.config import CriticConfig
 from verl.workers.critic.dp_critic import DataParallelPPOCritic, ValueModel
@@ -23,9 +24,9 @@ from verl.workers.critic.dp_critic import DataParallelPPOCritic, ValueModel
 logger = logging.getLogger(__name__)
 
 
-class FSDPPPOCritic(FSDPUpdateLoopMixin, DataParallelPPOCritic):
-    """PPO critic over an FSDP2-sharded :class:`ValueModel`: the ``dp`` critic's forward, FSDP2's device and
-    checkpoints.
+class FSDPPPOCritic(DataParallelPPOCritic):
+    """PPO critic over an FSDP2-sharded :class:`ValueModel`: the ``dp`` critic's forward on the
+    :class:`~verl.workers.actor.backend.FSDPBackend` (autocast on the mesh's device, sharded checkpoints).
 
     Args:
         config: the ``critic`` config (per-rank mini-batch size in samples).
@@ -41,8 +42,9 @@ class FSDPPPOCritic(FSDPUpdateLoopMixin, DataParallelPPOCritic):
     def __init__(
         self, config: CriticConfig, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, *, mesh, **loop_parts
     ):
-        self.mesh = mesh
-        super().__init__(config, critic_module, optimizer, lr_scheduler, **loop_parts)
+        # no Hugging Face export: a backbone with a value head is no transformers class
+        backend = FSDPBackend(mesh, hf_export=False)
+        super().__init__(config, critic_module, optimizer, lr_scheduler, backend=backend, **loop_parts)
 
 
 def build_fsdp_critic(

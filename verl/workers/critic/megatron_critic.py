@@ -5,7 +5,8 @@ The model is the actor's GPTModel (same builder, same Hugging Face weights); aft
 ``Linear(hidden, 1)`` with the call signature GPTModel uses for its output layer, so the model's forward returns
 (B, S, 1) values where it returned logits. Training runs the torch.optim adapter
 (:class:`~verl.utils.amp_optimizer.AmpOptimizer`, fp32 master weights under autocast) under the shared critic loop
-and step contract, on CPU and on one GPU per data-parallel rank. megatron-core's own optimizer, DDP and schedules
+and step contract, on the CPU path of :class:`~verl.workers.actor.backend.MegatronBackend`, on CPU and on one GPU
+per data-parallel rank. megatron-core's own optimizer, DDP and schedules
 are not wired up for the critic yet: asking for them (``critic.megatron.use_megatron_optimizer: true``) is a
 ``ValueError`` that says so, and ``auto`` on CUDA falls back to the adapter with a warning.
 """
@@ -19,7 +20,7 @@ import torch
 
 from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_into_mcore
 from verl.utils.amp_optimizer import build_amp_optimizer
-from verl.workers.actor.megatron_mixin import MegatronModelMixin
+from verl.workers.actor.backend import MegatronBackend
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
 from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
@@ -58,8 +59,9 @@ def attach_value_head(model: torch.nn.Module, *, head_init_std: float = DEFAULT_
     return model
 
 
-class MegatronPPOCritic(MegatronModelMixin, BasePPOCritic):
-    """PPO critic over a megatron-core GPTModel with a value head (see :func:`attach_value_head`).
+class MegatronPPOCritic(BasePPOCritic):
+    """PPO critic over a megatron-core GPTModel with a value head (see :func:`attach_value_head`), on the CPU path
+    of :class:`~verl.workers.actor.backend.MegatronBackend` (the adapter optimizer, on any device).
 
     Args:
         config: the ``critic`` config.
@@ -73,7 +75,10 @@ class MegatronPPOCritic(MegatronModelMixin, BasePPOCritic):
         self, config: CriticConfig, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, **loop_parts
     ):
         self.model = model
-        super().__init__(config, optimizer, lr_scheduler, **loop_parts)
+        super().__init__(config, optimizer, lr_scheduler, backend=MegatronBackend(model), **loop_parts)
+
+    def model_module(self) -> torch.nn.Module:
+        return self.backend.module()
 
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)[..., 0]
