@@ -46,7 +46,8 @@ def test_unknown_name_lists_registered_names_and_key():
     with pytest.raises(ValueError) as info:
         registry.get("gamma")
     message = str(info.value)
-    assert "'gamma'" in message and "alpha, zeta" in message and "a.b.widget" in message
+    # verl's shape, "Unknown <kind>: <name>", then the config key and the registered names
+    assert message.startswith("Unknown widget: gamma (config key `a.b.widget`). Registered: alpha, zeta.")
 
 
 @pytest.mark.parametrize("bad", ["", None, 3])
@@ -68,3 +69,45 @@ def test_scoped_registrations_are_undone_and_earlier_ones_kept():
         registry.add("temporary", str)
         raise RuntimeError("boom")
     assert registry.names() == ["kept"]
+
+
+def test_get_with_default_returns_it_for_unknown_names_only():
+    registry = Registry("widget")
+    registry.add("a", int)
+    assert registry.get("a", None) is int
+    assert registry.get("missing", None) is None
+    sentinel = object()
+    assert registry.get("missing", sentinel) is sentinel
+
+
+def test_dict_operations_like_verls_registries():
+    registry = Registry("widget")
+    registry.update({"b": str}, a=int)
+    registry["c"] = float
+    assert registry["a"] is int and registry["b"] is str and registry["c"] is float
+    assert registry.keys() == ["a", "b", "c"] and list(registry) == ["a", "b", "c"]
+    assert registry.values() == [int, str, float]
+    assert registry.items() == [("a", int), ("b", str), ("c", float)]
+    del registry["b"]
+    assert "b" not in registry and len(registry) == 2
+    registry.clear()
+    assert len(registry) == 0 and registry.names() == []
+
+
+def test_dict_writes_keep_the_duplicate_rule():
+    registry = Registry("widget")
+    registry["w"] = int
+    registry["w"] = int  # the same object again: a no-op
+    with pytest.raises(ValueError, match="name is taken"):
+        registry["w"] = str
+    with pytest.raises(ValueError, match="name is taken"):
+        registry.update({"w": str})
+    assert registry["w"] is int
+
+
+def test_dict_reads_of_unknown_names_keep_the_error_shape():
+    registry = Registry("widget")
+    with pytest.raises(ValueError, match="^Unknown widget: nope"):
+        registry["nope"]
+    with pytest.raises(ValueError, match="^Unknown widget: nope"):
+        del registry["nope"]

@@ -3,17 +3,23 @@
 Update-outcome handlers, policy losses, advantage estimators, reward managers and rollouts are all looked up by
 name in a :class:`Registry`. Keeping one implementation means one duplicate rule (registering the same object
 twice is a no-op, a different object under a taken name is a ``ValueError``) and one error shape (an unknown name
-lists the registered ones). Registries are per process: code that registers must be imported in every process
-that looks the name up, which is why configs can name a ``module`` to import first.
+is a ``ValueError`` reading ``Unknown <kind>: <name>`` that lists the registered ones). Registries are per process:
+code that registers must be imported in every process that looks the name up, which is why configs can name a
+``module`` to import first. A registry also answers the dict operations verl's registries (plain dicts) offer:
+``name in r``, ``r[name]``, ``r[name] = obj``, ``del r[name]``, ``len``, ``keys``/``values``/``items``,
+``update`` and ``clear``; every write goes through the duplicate rule.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+# marks "no default given" in Registry.get, where None is a valid default
+_MISSING: Any = object()
 
 
 def _qualified_name(obj: object) -> str:
@@ -44,8 +50,8 @@ class Registry(Generic[T]):
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"A {self.kind} must be registered under a non-empty string name, got {name!r}.")
-        current = self._entries.get(name)
-        if current is not None and current is not obj:
+        current = self._entries.get(name, _MISSING)
+        if current is not _MISSING and current is not obj:
             if _qualified_name(current) != _qualified_name(obj):
                 raise ValueError(
                     f"Cannot register {_qualified_name(obj)} as {self.kind} {name!r}: the name is taken by "
@@ -62,18 +68,22 @@ class Registry(Generic[T]):
 
         return decorator
 
-    def get(self, name: str) -> T:
-        """Look ``name`` up.
+    def get(self, name: str, default: Any = _MISSING) -> T:
+        """Look ``name`` up; with ``default`` given, return it for an unknown name instead of raising.
 
         Raises:
-            ValueError: the name is not registered; the message lists the registered names.
+            ValueError: the name is not registered and no ``default`` was given; the message reads
+                ``Unknown <kind>: <name>`` and lists the registered names.
         """
         try:
             return self._entries[name]
         except (KeyError, TypeError):
+            if default is not _MISSING:
+                return default
             where = f" (config key `{self.config_key}`)" if self.config_key else ""
             raise ValueError(
-                f"Unknown {self.kind} {name!r}{where}. Registered: {', '.join(self.names()) or '(none)'}."
+                f"Unknown {self.kind}: {name}{where}. Registered: {', '.join(self.names()) or '(none)'}. "
+                f"Use one of these names, or register yours before it is looked up."
             ) from None
 
     @contextlib.contextmanager
@@ -96,6 +106,41 @@ class Registry(Generic[T]):
         """The registered names, sorted."""
         return sorted(self._entries)
 
+    # ------------------------------------------------------------------ dict operations (verl's registries are dicts)
+
+    def update(self, entries: Mapping[str, T] | Iterable[tuple[str, T]] = (), /, **kwargs: T) -> None:
+        """Register every ``name: obj`` pair, each through :meth:`add` (so the duplicate rule applies)."""
+        pairs = entries.items() if isinstance(entries, Mapping) else entries
+        for name, obj in [*pairs, *kwargs.items()]:
+            self.add(name, obj)
+
+    def clear(self) -> None:
+        """Forget every registration, the built-in ones included; :meth:`scoped` is the way to undo only yours."""
+        self._entries.clear()
+
+    def keys(self) -> list[str]:
+        """The registered names, sorted (as :meth:`names`)."""
+        return self.names()
+
+    def values(self) -> list[T]:
+        """The registered objects, in the order of :meth:`names`."""
+        return [self._entries[name] for name in self.names()]
+
+    def items(self) -> list[tuple[str, T]]:
+        """``(name, object)`` pairs, in the order of :meth:`names`."""
+        return [(name, self._entries[name]) for name in self.names()]
+
+    def __getitem__(self, name: str) -> T:
+        """``registry[name]`` is :meth:`get` without a default (an unknown name is the same ``ValueError``)."""
+        return self.get(name)
+
+    def __setitem__(self, name: str, obj: T) -> None:
+        self.add(name, obj)
+
+    def __delitem__(self, name: str) -> None:
+        self.get(name)  # the one error shape for an unknown name
+        del self._entries[name]
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
@@ -104,3 +149,6 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={self.names()})"

@@ -2,7 +2,9 @@
 
 A reward manager turns a batch of generated responses into ``token_level_scores``; which one runs is the config
 key ``reward_model.reward_manager``. Users add their own with ``@register("name")`` (verl's decorator name;
-``register_reward_manager`` is the same function) in a module their config imports.
+``register_reward_manager`` is the same function) in a module their config imports. :data:`REWARD_MANAGER_REGISTRY`
+is a :class:`verl.utils.registry.Registry`, which also answers the dict operations (``in``, ``[name]``, ``update``,
+``clear``, ...) that code written for verl's dict of the same name uses.
 
 A custom scorer ``compute_score(data_source, solution_str, ground_truth, extra_info)`` can be named two ways:
 
@@ -63,7 +65,8 @@ def get_reward_manager_cls(name: str) -> type:
     """The reward manager class registered as ``name``.
 
     Raises:
-        ValueError: unknown name; the message lists the registered ones.
+        ValueError: unknown name; the message starts ``Unknown reward manager: <name>``, as verl's, and lists the
+            registered ones.
     """
     return REWARD_MANAGER_REGISTRY.get(name)
 
