@@ -63,6 +63,29 @@ def test_agg_loss_global_normalisers():
     assert ca.agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=6).item() == pytest.approx(3.0)
 
 
+def test_agg_loss_token_sum():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    # 1 + 2 + 4 + 5 + 6 = 18; on 2 ranks the averaged gradient must be the global sum -> 18 * 2
+    assert ca.agg_loss(loss, mask, "token-sum").item() == pytest.approx(18.0)
+    assert ca.agg_loss(loss, mask, "token-sum", dp_size=2).item() == pytest.approx(36.0)
+
+
+def test_value_loss_forwards_the_global_normalisers():
+    # vpred 2 vs return 1 (unclipped wins, as below): per token (2 - 1)^2 = 1 on 2 tokens, sum 2
+    # 0.5 * 2 / 8 global tokens * 2 ranks = 0.25
+    vf_loss, _ = ca.compute_value_loss(
+        torch.full((1, 2), 2.0),
+        torch.ones(1, 2),
+        torch.zeros(1, 2),
+        torch.ones(1, 2),
+        cliprange_value=0.2,
+        dp_size=2,
+        batch_num_tokens=8,
+    )
+    assert vf_loss.item() == pytest.approx(0.25)
+
+
 def test_agg_loss_empty_mask_is_zero_not_nan():
     loss, mask = torch.ones(2, 3), torch.zeros(2, 3)
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
@@ -179,9 +202,9 @@ def test_policy_loss_dual_clip_bound_must_exceed_one(clip_ratio_c):
 
 def _actor_config(**overrides):
     """The actor config the policy losses read, as attributes (like the typed config dataclass)."""
-    values = {"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": None, "clip_ratio_c": 3.0}
-    values.update(overrides)
-    return SimpleNamespace(**values)
+    from tests.trainer.ppo.policy_loss_helpers import actor_config
+
+    return actor_config(**overrides)
 
 
 def test_vanilla_policy_loss_is_registered():
@@ -411,6 +434,16 @@ def test_reinforce_plus_plus():
     _approx(from_config, [[1.5, 1.0, 2.0], [0.5, 1.0, 0.0]])
 
 
+def test_reinforce_plus_plus_carries_the_return_across_masked_tokens():
+    # multi-turn: position 1 is a tool's output (masked); the final reward still reaches position 0, as in verl
+    rewards, mask = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[1.0, 0.0, 1.0]])
+    adv, returns = ca.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
+    # t2: 1; t1 masked: return 0, the carry stays 1; t0: 0 + 0.5 * 1 = 0.5
+    _approx(returns, [[0.5, 0.0, 1.0]])
+    # whitened over the 2 valid tokens 0.5 and 1: mean 0.75, unbiased var 0.125 -> -+0.25 / sqrt(0.125)
+    _approx(adv, [[-0.25 / math.sqrt(0.125), 0.0, 0.25 / math.sqrt(0.125)]], atol=1e-4)
+
+
 def test_remax_is_score_minus_baseline():
     # outcome rewards on the last valid token: row 0 scores 1 (3 valid tokens), row 1 scores 0.2 (2 valid tokens)
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.2, 0.0]])
@@ -522,6 +555,29 @@ def test_gae_accepts_verls_gae_call_and_the_trainers_extra_kwargs():
     _approx(again, returns)
 
 
+def test_registry_functions_use_the_table_the_module_holds_now(monkeypatch):
+    # verl's own tests swap a plain dict in for the registry; register and get must follow the swap
+    table = {"gae": ca.compute_gae_advantage_return}
+    monkeypatch.setattr(ca, "ADV_ESTIMATOR_REGISTRY", table)
+
+    def first(**kwargs):
+        return None
+
+    def second(**kwargs):
+        return None
+
+    assert ca.register_adv_est("mine")(first) is first
+    assert table["mine"] is first and ca.get_adv_estimator_fn("mine") is first
+    ca.register_adv_est("mine")(first)  # the same function again: no-op
+    with pytest.raises(ValueError, match="taken"):
+        ca.register_adv_est("mine")(second)
+    with pytest.raises(ValueError, match="Unknown advantage estimator simply: grpo"):
+        ca.get_adv_estimator_fn("grpo")  # not in the swapped-in table
+    monkeypatch.setattr(ca, "POLICY_LOSS_REGISTRY", {})
+    ca.register_policy_loss("mine")(first)
+    assert ca.get_policy_loss_fn("mine") is first
+
+
 def test_unknown_names_list_registered():
     with pytest.raises(ValueError, match="vanilla") as err:
         ca.get_policy_loss_fn("nope")
@@ -546,14 +602,25 @@ def test_advantage_estimator_enum_lookups():
     assert (
         ca.get_adv_estimator_fn(ca.AdvantageEstimator.GRPO_VECTORIZED) is ca.compute_grpo_vectorized_outcome_advantage
     )
+    # verl's names, each registered with a function of its own
     assert {e.value for e in ca.AdvantageEstimator} == {
         "gae",
         "grpo",
         "grpo_vectorized",
+        "grpo_passk",
+        "gdpo",
+        "gpg",
+        "opo",
         "rloo",
+        "rloo_vectorized",
         "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
         "remax",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
     }
+    functions = [ca.get_adv_estimator_fn(e) for e in ca.AdvantageEstimator]
+    assert len(set(functions)) == len(functions)
     with pytest.raises(ValueError):
         ca.AdvantageEstimator("ppo")
 
