@@ -1,11 +1,14 @@
 """GPU checks of the megatron actor with megatron-core's own optimizer, DDP and schedules (fp16 from 2**32).
 
+The loss-scale sequence of the warm-up step by step, a failed update leaving the fp16 weights, the fp32 main copies
+and the Adam moments bit for bit, the strict policy, log-probs against the HF model and a checkpoint round trip.
 Run by tests/special_gpu/run_all.sh on a machine with a CUDA device; skipped elsewhere.
 """
 
 import pytest
 import torch
 
+from tests.special_gpu.checks import assert_bitwise_equal, num_optimizer_state_tensors, training_state
 from tests.workers.actor.conftest import actor_config, megatron_world_of_one, ppo_batch, tiny_qwen2  # noqa: F401
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
 
@@ -33,9 +36,9 @@ def cuda_batch(actor):
     return batch
 
 
-def test_megatron_core_optimizer_passes_its_fp16_warm_up_then_trains():
+def test_megatron_core_optimizer_passes_its_fp16_warm_up_then_trains(figure):
     actor = gpu_actor()
-    assert actor.use_megatron_schedule and actor.training_path.startswith("GPU path")
+    assert actor.backend.use_megatron_schedule and actor.training_path.startswith("GPU path")
     assert isinstance(actor.update_outcome_handler, FP16WarnAndCountHandler)
     batch = cuda_batch(actor)
     failed, losses, scales = [], [], []
@@ -47,6 +50,11 @@ def test_megatron_core_optimizer_passes_its_fp16_warm_up_then_trains():
     assert scales[0] == 2.0**32 and failed[0] == 1.0
     first_success = failed.index(0.0)
     assert metrics["actor/update_failures_total"] >= first_success >= 1
+    figure("megatron_fp16_warm_up_num_skipped_updates", first_success)
+    figure("megatron_fp16_first_applied_loss_scale", scales[first_success])
+    # megatron-core's DynamicGradScaler (hysteresis 2): 2**32, 2**32, 2**31, 2**30, ... until an update fits
+    assert scales[: first_success + 1] == [2.0**32] + [2.0 ** (32 - k) for k in range(first_success)]
+    assert failed[:first_success] == [1.0] * first_success
     assert failed[-5:] == [0.0] * 5
     assert losses[-1] < losses[first_success]
 
@@ -59,11 +67,18 @@ def test_strict_raises_on_the_first_overflow():
 
 def test_fire_drill_through_the_megatron_schedule():
     # On this path the drill poisons the losses of update 30 (before DDP's reduction, so every data-parallel rank
-    # would see it); the NaN gradients must be caught by megatron-core's own inf check and the update skipped.
-    assert gpu_actor().fire_drill_poisons_loss
+    # would see it); the NaN gradients must be caught by megatron-core's own inf check and the update skipped,
+    # leaving the fp16 weights, the fp32 main copies, the moments and the step counts bit for bit.
     actor = gpu_actor(fault_injection={"nonfinite_grad_steps": [30], "ranks": [0]})
+    assert actor.backend.fire_drill_target == "loss"
     batch = cuda_batch(actor)
-    results = [actor.update_policy(batch)["actor/update_failed"] for _ in range(31)]
+    results = [actor.update_policy(batch)["actor/update_failed"] for _ in range(29)]
+    assert results[-1] == 0.0  # the warm-up is over: updates apply
+    before = training_state(actor.model_module(), actor.optimizer)
+    assert num_optimizer_state_tensors(before) > 0
+    results.append(actor.update_policy(batch)["actor/update_failed"])
+    assert_bitwise_equal(before, training_state(actor.model_module(), actor.optimizer))
+    results.append(actor.update_policy(batch)["actor/update_failed"])
     assert results[-2] == 1.0 and results[-1] == 0.0
 
 
@@ -75,8 +90,10 @@ def test_log_probs_equal_the_hf_model_in_fp32():
     hf_model = tiny_qwen2(seed=0)
     actor = gpu_actor(hf_model, dtype="float32")
     batch = ppo_batch()
-    got, _ = actor.compute_log_prob(batch.to("cuda"))
+    # DataProto.to moves the batch in place: the CUDA copy is a batch of its own, the HF model reads the CPU one
+    got, _ = actor.compute_log_prob(ppo_batch().to("cuda"))
     want, _ = build_dp_actor(actor_config(), hf_model, total_training_steps=1).compute_log_prob(batch)
+    assert batch.batch["input_ids"].device.type == "cpu"
     mask = batch.batch["response_mask"].bool()
     torch.testing.assert_close(got.cpu()[mask], want[mask], atol=1e-3, rtol=1e-3)
 
