@@ -88,7 +88,7 @@ def test_megatron_fp16_run_with_a_kl_loss(tmp_path):
 
 # a loss scale at which fp16 updates do happen from the first step, so that a resume has real state to restore
 UPDATING = ["actor_rollout_ref.actor.optim.initial_loss_scale=1024", "trainer.test_freq=-1", "trainer.save_freq=3"]
-NOT_COMPARED = ("timing_s/", "perf/")
+NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/")  # wall-clock figures differ run to run
 
 
 def comparable(record: dict) -> dict:
@@ -135,8 +135,10 @@ def test_rollout_correction_weights_and_rejects_and_reports_the_mismatch(tmp_pat
         assert "timing_s/old_log_prob" in record  # the weights pi_old / mu need the old-log-prob pass
         assert 0 < record["training/rollout_probs_diff_mean"] < 0.05 and record["rollout_corr/k3_kl"] >= 0
         # fp16 against fp32 stays within a few percent: weights near 1, none truncated at 2, none rejected at 1.5
-        assert abs(record["rollout_corr/is_weight_mean"] - 1) < 0.05 and record["rollout_corr/is_clip_frac"] == 0
-        assert record["rollout_corr/rs_reject_frac"] == 0
+        assert abs(record["rollout_corr/rollout_is_mean"] - 1) < 0.05
+        assert record["rollout_corr/rollout_is_ratio_fraction_high"] == 0
+        assert record["rollout_corr/rollout_rs_masked_fraction"] == 0
+        assert record["rollout_corr/rollout_rs_seq_sum_k1_mean"] is not None  # "sequence" is verl's seq_sum_k1
 
 
 def test_a_custom_counter_reduces_as_its_handler_declares(tmp_path):

@@ -110,7 +110,13 @@ def build_reward_fn(config: PPOConfig, tokenizer):
     else:
         compute_score = None
     # the dataset already read data.reward_fn_key's column into each row's data_source
-    return manager_cls(tokenizer=tokenizer, compute_score=compute_score)
+    extra = {}
+    if config.reward_model.reward_manager == "dapo":  # DAPO's overlong penalty needs the length limit and its buffer
+        extra = {
+            "max_resp_len": config.data.max_response_length,
+            "overlong_buffer_cfg": config.reward_model.overlong_buffer,
+        }
+    return manager_cls(tokenizer=tokenizer, compute_score=compute_score, **extra)
 
 
 def build_data(config: PPOConfig, world_size: int) -> TrainingData:

@@ -51,3 +51,67 @@ def test_kl_in_reward_needs_a_reference_and_forces_the_old_log_prob_pass():
     assert config.needs_reference and config.computes_old_log_prob
     with pytest.raises(ValueError, match="algorithm.use_kl_in_reward=true needs reference log-probs"):
         compose_ppo_config(["algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.enable=false"])
+
+
+# ---------------------------------------------------------------------------------------------- the estimator call
+
+
+def trainer_for(*overrides, reward_fn=None):
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.config import compose_ppo_config
+
+    config = compose_ppo_config(list(overrides))
+    return RayPPOTrainer(config, None, [], reward_fn, None, None, tracker=None, total_training_steps=1)
+
+
+def four_one_token_responses():
+    import numpy as np
+
+    return DataProto.from_dict(
+        tensors={"response_mask": torch.ones(4, 1, dtype=torch.long), "responses": torch.ones(4, 1, dtype=torch.long)},
+        non_tensors={"uid": np.array(["a", "a", "b", "b"], dtype=object)},
+    )
+
+
+def test_gdpo_reads_the_reward_components_the_scorer_returned():
+    # The scorer returns two components besides the score; the trainer puts them in the non-tensor batch and
+    # calls gdpo with batch= and non_tensor_batch=, as verl does.
+    def reward_fn(batch, return_dict=False):
+        result = {
+            "reward_tensor": torch.tensor([[1.0], [1.0], [2.0], [1.0]]),
+            "reward_extra_info": {"format": [1.0, 0.0, 1.0, 1.0], "accuracy": [0.0, 1.0, 1.0, 0.0]},
+        }
+        return result if return_dict else result["reward_tensor"]
+
+    trainer = trainer_for(
+        "algorithm.adv_estimator=gdpo",
+        "algorithm.gdpo_reward_keys=[format,accuracy]",
+        "algorithm.gdpo_reward_weights=[1,2]",
+        reward_fn=reward_fn,
+    )
+    batch = four_one_token_responses()
+    scores = trainer.score(batch)
+    assert list(batch.non_tensor_batch["accuracy"]) == [0.0, 1.0, 1.0, 0.0]
+    batch.batch["token_level_rewards"] = scores
+    trainer.compute_advantage(batch)
+    # GRPO per component and group (std of two values a, b is |a - b| / sqrt 2): format a: (+.7071, -.7071),
+    # b: (0, 0); accuracy a: (-.7071, +.7071), b: (+.7071, -.7071). Weighted 1 and 2: (-.7071, .7071, 1.4142,
+    # -1.4142); whitened over the 4 tokens (mean 0, unbiased variance (.5 + .5 + 2 + 2) / 3 = 5/3): x / 1.2910
+    expected = torch.tensor([[-0.5477], [0.5477], [1.0954], [-1.0954]])
+    torch.testing.assert_close(batch.batch["advantages"], expected, atol=1e-4, rtol=0)
+
+
+def test_token_baseline_estimators_get_the_old_log_probs_and_weights():
+    # the config refuses these estimators at start-up (no sum_pi_squared yet); a stand-in config names one, to
+    # check what the trainer would hand it, as verl's trainer does
+    from types import SimpleNamespace
+
+    trainer = trainer_for()
+    trainer.config = SimpleNamespace(algorithm=SimpleNamespace(adv_estimator="optimal_token_baseline"))
+    batch = four_one_token_responses()
+    batch.batch["token_level_rewards"] = torch.ones(4, 1)
+    batch.batch["old_log_probs"] = torch.zeros(4, 1)
+    kwargs = trainer._estimator_kwargs(batch)
+    assert kwargs["old_log_probs"] is batch.batch["old_log_probs"]
+    assert kwargs["rollout_is_weights"] is None and kwargs["sum_pi_squared"] is None
+    assert "batch" not in kwargs and kwargs["config"] is trainer.config.algorithm

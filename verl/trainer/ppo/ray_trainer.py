@@ -22,7 +22,15 @@ from tqdm import tqdm
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
-from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics, compute_rollout_correction
+from verl.trainer.ppo.dynamic_sampling import keep_informative_groups
+from verl.trainer.ppo.metric_utils import (
+    compute_data_metrics,
+    compute_throughout_metrics,
+    compute_timing_metrics,
+    validation_metrics,
+)
+from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
+from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
 from verl.utils.checkpoint import atomic_directory, load_state, save_state
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
@@ -31,6 +39,9 @@ from verl.workers.config import PPOConfig
 from verl.workers.critic.base import CRITIC_UPDATE_KEYS, VALUE_KEYS
 
 logger = logging.getLogger("verl.trainer")
+
+# estimators whose baseline is per token, from the policy's probabilities (verl passes them more of the batch)
+TOKEN_BASELINE_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty_type: str) -> dict[str, float]:
@@ -76,6 +87,10 @@ def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
         for key, value in metrics.items():
             values[key].append(float(value))
     return {key: sum(v) / len(v) for key, v in values.items()}
+
+
+def _has_none(values) -> bool:
+    return any(value is None for value in values)
 
 
 class RayPPOTrainer:
@@ -223,32 +238,39 @@ class RayPPOTrainer:
     def _timed(self, timing: dict[str, float], name: str):
         start = time.perf_counter()
         yield
-        timing[name] = time.perf_counter() - start
+        timing[name] = timing.get(name, 0.0) + time.perf_counter() - start  # a phase may run more than once
 
     def train_step(self, prompts: DataProto) -> dict[str, float]:
         """One RL step on a batch of prompts; returns its metrics."""
         cfg = self.config
         timing: dict[str, float] = {}
         step_start = time.perf_counter()
-        prompt_texts = prompts.non_tensor_batch.get("raw_prompt", [])
-        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        prompt_texts = list(prompts.non_tensor_batch.get("raw_prompt", []))
         self._pop_call_overheads()  # calls made between steps (validation, checkpoints) are not this step's
-        # one call: generation, then the old and the reference log-probs the run needs (timed by the worker)
-        batch = self.actor_wg.generate_with_log_probs(prompts)
-        timing.update({k.removeprefix("timing_s/"): v for k, v in slowest_rank(batch.meta_info.pop("metrics")).items()})
+        metrics: dict[str, float] = {}
+        batch = self._generate_and_score(prompts, timing)
+        if cfg.algorithm.filter_groups.enable:  # DAPO's dynamic sampling: uniform groups out, more prompts in
+
+            def generate_more() -> DataProto:
+                more = next(self.train_loader)
+                prompt_texts.extend(more.non_tensor_batch.get("raw_prompt", []))
+                return self._generate_and_score(more, timing)
+
+            batch, filter_metrics = keep_informative_groups(
+                batch, cfg.algorithm.filter_groups, cfg.data.train_batch_size, generate_more
+            )
+            metrics.update(filter_metrics)
         if self.critic_wg is not None:
             with self._timed(timing, "values"):
                 batch = batch.union(self.critic_wg.compute_values(only_keys(batch, VALUE_KEYS)))
-        metrics: dict[str, float] = self.mismatch(batch)
-        with self._timed(timing, "reward"):
-            scores = self.reward_fn(batch)
-            batch.batch["token_level_scores"] = scores
-            batch.batch["token_level_rewards"] = scores
-            if self.kl_ctrl is not None:
-                metrics.update(apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty))
+        self.use_rollout_log_probs_as_old(batch)
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        if self.kl_ctrl is not None:
+            metrics.update(apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty))
+        # as in verl: weights and rejection before the advantages, so that rejected tokens are out of both
+        metrics.update(self.correct_for_mismatch(batch))
         with self._timed(timing, "adv"):
             self.compute_advantage(batch)
-        metrics.update(self.correct_for_mismatch(batch))
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
                 metrics.update(mean_over_ranks(self.critic_wg.update_critic(only_keys(batch, CRITIC_UPDATE_KEYS))))
@@ -257,10 +279,38 @@ class RayPPOTrainer:
             with self._timed(timing, "update_actor"):
                 metrics.update(mean_over_ranks(self.actor_wg.update_actor(only_keys(batch, UPDATE_READS))))
         timing["step"] = time.perf_counter() - step_start
-        metrics.update(self.batch_metrics(batch, timing))
+        metrics.update(self.batch_metrics(batch, timing, use_critic=self.critic_wg is not None))
         metrics.update(self._pop_call_overheads())
         metrics["data/batch_fingerprint"] = float(zlib.crc32("\n".join(map(str, prompt_texts)).encode()))
         return metrics
+
+    def _generate_and_score(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
+        """One generation round: each prompt gets a group id (``uid``); one worker call generates and computes the
+        old and reference log-probs the run needs (timed by the worker); then the scores (``token_level_scores``).
+        Timings add up over the rounds of a step."""
+        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+        batch = self.actor_wg.generate_with_log_probs(prompts)
+        for name, seconds in slowest_rank(batch.meta_info.pop("metrics")).items():
+            name = name.removeprefix("timing_s/")
+            timing[name] = timing.get(name, 0.0) + seconds
+        with self._timed(timing, "reward"):
+            batch.batch["token_level_scores"] = self.score(batch)
+        return batch
+
+    def score(self, batch: DataProto) -> torch.Tensor:
+        """Token-level scores (B, R) of the batch's responses; each extra entry of the reward function's result
+        (what a scorer returns besides ``score``, one value per sample) goes into ``batch.non_tensor_batch``, as in
+        verl, where GDPO's reward components and ``algorithm.filter_groups.metric`` find it."""
+        result = self.reward_fn(batch, return_dict=True)
+        if not isinstance(result, dict):
+            return result
+        added = []
+        for key, values in result.get("reward_extra_info", {}).items():
+            if len(values) == len(batch):
+                batch.non_tensor_batch[key] = np.asarray(values, dtype=object if _has_none(values) else None)
+                added.append(key)
+        batch.meta_info["reward_extra_keys"] = added
+        return result["reward_tensor"]
 
     def _pop_call_overheads(self) -> dict[str, float]:
         """``timing_s/overhead/<method>``: seconds of each worker call beyond the work itself, summed over the calls
@@ -273,54 +323,66 @@ class RayPPOTrainer:
                 overheads[f"timing_s/overhead/{method}"] = sum(call.overhead_s for call in calls)
         return overheads
 
-    def mismatch(self, batch: DataProto) -> dict[str, float]:
-        """The engine-vs-trainer mismatch metrics, or (``bypass_mode``) the rollout's log-probs as the old ones.
+    def use_rollout_log_probs_as_old(self, batch: DataProto) -> None:
+        """Bypass mode (or ``actor.use_rollout_log_probs``): the rollout's log-probs become the old ones.
 
-        Without a separate old-log-prob pass the actor reports the metrics itself, against its update's first
-        forward (see :meth:`~verl.workers.actor.base.BasePPOActor.update_policy`).
+        Raises:
+            ValueError: the rollout returned no log-probs.
         """
-        tensors = batch.batch
-        if "rollout_log_probs" not in tensors.keys():
-            return {}
-        if self.config.algorithm.rollout_correction.bypass_mode:
-            tensors["old_log_probs"] = tensors["rollout_log_probs"]
-            return {}
-        if "old_log_probs" not in tensors.keys():
-            return {}
-        return compute_mismatch_metrics(
-            tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"]
-        )
+        if not self.config.uses_rollout_log_probs_as_old:
+            return
+        apply_bypass_mode(batch)
 
     def correct_for_mismatch(self, batch: DataProto) -> dict[str, float]:
-        """``algorithm.rollout_correction``: importance weights on the policy loss, rejection out of the mask."""
-        correction = self.config.algorithm.rollout_correction
-        tensors = batch.batch
-        if correction.loss_type == "reinforce":
-            batch.meta_info["rollout_correction"] = {
-                "loss_type": "reinforce",
-                "rollout_is": correction.rollout_is,
-                "rollout_is_threshold": correction.rollout_is_threshold,
-            }
-        if correction.bypass_mode or (correction.rollout_is is None and correction.rollout_rs is None):
-            return {}
+        """The engine-vs-trainer metrics, and ``algorithm.rollout_correction`` applied to the batch.
+
+        With a separate old-log-prob pass (verl's decoupled mode): the ``training/`` and ``rollout_corr/`` metrics,
+        and, when asked, ``rollout_is_weights`` added and rejected tokens taken out of ``response_mask``. In bypass
+        mode the settings go to the actor (``meta_info["rollout_correction"]``), whose loss corrects against the
+        current policy and reports the metrics; so does a single on-policy update without an old-log-prob pass,
+        against its first forward.
+
+        Raises:
+            ValueError: correction asked for, and the rollout returned no log-probs.
+        """
+        correction, tensors = self.config.algorithm.rollout_correction, batch.batch
         if "rollout_log_probs" not in tensors.keys():
-            raise ValueError(
-                "algorithm.rollout_correction needs the rollout's own log-probs, and this rollout returned none."
-            )
-        weights, mask, metrics = compute_rollout_correction(
-            tensors["old_log_probs"], tensors["rollout_log_probs"], tensors["response_mask"], correction
+            if correction.enabled:
+                raise ValueError(
+                    "algorithm.rollout_correction needs the rollout's own log-probs, and this rollout returned none."
+                )
+            return {}
+        if correction.bypass_mode:
+            batch.meta_info["rollout_correction"] = correction.to_dict()
+            return {}
+        if self.config.uses_rollout_log_probs_as_old or "old_log_probs" not in tensors.keys():
+            return {}
+        mask = tensors["response_mask"]
+        metrics = compute_mismatch_metrics(tensors["rollout_log_probs"], tensors["old_log_probs"], mask)
+        if (correction.rollout_is is None and correction.rollout_rs is None) or not mask.any():
+            return metrics
+        weights, tensors["response_mask"], corr_metrics = compute_rollout_correction_and_rejection_mask(
+            tensors["old_log_probs"],
+            tensors["rollout_log_probs"],
+            mask,
+            rollout_is=correction.rollout_is,
+            rollout_is_threshold=correction.rollout_is_threshold,
+            rollout_is_batch_normalize=correction.rollout_is_batch_normalize,
+            rollout_rs=correction.rollout_rs,
+            rollout_rs_threshold=correction.rollout_rs_threshold,
         )
         if weights is not None:
-            tensors["rollout_is_weights"] = weights
-        tensors["response_mask"] = mask  # rejected tokens leave the loss and its normalisation
-        return metrics
+            tensors["rollout_is_weights"] = weights.batch["rollout_is_weights"]
+        return {**metrics, **corr_metrics}
 
     def compute_advantage(self, batch: DataProto) -> None:
         """Advantages and returns (B, R) from the registered estimator, called as verl calls it.
 
         GAE gets the values and its constants; every other estimator gets the rewards, the mask, the group ids and
         the ``algorithm`` section as ``config`` (built-ins read ``gamma`` or ``norm_adv_by_std_in_grpo`` from it),
-        so that a verl user's estimator written for that call works unchanged.
+        so that a verl user's estimator written for that call works unchanged. As in verl, ``gdpo`` also gets the
+        batch (``batch=``, ``non_tensor_batch=``: the reward components), and the token-baseline estimators the
+        old log-probs, the rollout importance weights and ``sum_pi_squared`` when the batch has them.
         """
         algo = self.config.algorithm
         estimator = get_adv_estimator_fn(algo.adv_estimator)
@@ -334,34 +396,39 @@ class RayPPOTrainer:
                 lam=algo.lam,
             )
         else:
-            kwargs = {
-                "token_level_rewards": tensors["token_level_rewards"],
-                "response_mask": tensors["response_mask"],
-                "index": batch.non_tensor_batch["uid"],
-                "config": algo,
-            }
-            if "reward_baselines" in tensors.keys():
-                kwargs["reward_baselines"] = tensors["reward_baselines"]
-            advantages, returns = estimator(**kwargs)
+            advantages, returns = estimator(**self._estimator_kwargs(batch))
         tensors["advantages"] = advantages.float()
         tensors["returns"] = returns.float()
 
-    @staticmethod
-    def batch_metrics(batch: DataProto, timing: dict[str, float]) -> dict[str, float]:
-        tensors = batch.batch
-        scores = tensors["token_level_scores"].sum(-1)
-        response_length = tensors["response_mask"].sum(-1).float()
-        num_tokens = float(tensors["attention_mask"].sum())
-        metrics = {
-            "critic/score/mean": scores.mean().item(),
-            "critic/score/max": scores.max().item(),
-            "critic/score/min": scores.min().item(),
-            "critic/advantages/mean": tensors["advantages"].mean().item(),
-            "response_length/mean": response_length.mean().item(),
-            "perf/num_tokens": num_tokens,
-            "perf/tokens_per_second": num_tokens / max(timing["step"], 1e-9),
+    def _estimator_kwargs(self, batch: DataProto) -> dict[str, Any]:
+        name, tensors = self.config.algorithm.adv_estimator, batch.batch
+        kwargs = {
+            "token_level_rewards": tensors["token_level_rewards"],
+            "response_mask": tensors["response_mask"],
+            "index": batch.non_tensor_batch["uid"],
+            "config": self.config.algorithm,
         }
-        metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+        if "reward_baselines" in tensors.keys():
+            kwargs["reward_baselines"] = tensors["reward_baselines"]
+        if name == "gdpo":
+            kwargs["non_tensor_batch"] = batch.non_tensor_batch
+            kwargs["batch"] = tensors
+        if name in TOKEN_BASELINE_ESTIMATORS:
+            for key in ("old_log_probs", "rollout_is_weights", "sum_pi_squared"):
+                kwargs[key] = tensors[key] if key in tensors.keys() else None
+        return kwargs
+
+    def batch_metrics(self, batch: DataProto, timing: dict[str, float], use_critic: bool) -> dict[str, float]:
+        """verl's data, timing and throughput metrics of the step (``metric_utils``), and this trainer's own
+        ``perf/num_tokens`` and ``perf/tokens_per_second[/phase]``."""
+        tensors = batch.batch
+        batch.meta_info["global_token_num"] = tensors["attention_mask"].sum(-1).tolist()
+        metrics = compute_data_metrics(batch, use_critic=use_critic)
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughout_metrics(batch, timing, n_gpus=self.config.world_size))
+        num_tokens = float(tensors["attention_mask"].sum())
+        metrics["perf/num_tokens"] = num_tokens
+        metrics["perf/tokens_per_second"] = num_tokens / max(timing["step"], 1e-9)
         for phase in ("gen", "old_log_prob", "ref", "update_actor"):
             if phase in timing:
                 metrics[f"perf/tokens_per_second/{phase}"] = num_tokens / max(timing[phase], 1e-9)
@@ -370,19 +437,34 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) responses to the validation prompts, scored; returns ``val/score/mean``."""
+        """Greedy (by default) responses to the validation prompts, scored.
+
+        Returns ``val/score/mean`` and verl's validation metrics (:func:`process_validation_metrics`, per data
+        source): ``val-core/<source>/<var>/mean@N`` (and ``best@N`` / ``maj@N``) for the core variable (``acc``
+        when the scorer returns it, else ``reward``, the score), ``val-aux/...`` for the rest.
+        """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        scores = []
+        scores, sources, uids = [], [], []
+        infos: dict[str, list] = defaultdict(list)
         for prompts in self.val_batches:
+            non_tensors = dict(prompts.non_tensor_batch)
+            non_tensors["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
             prompts = DataProto.from_dict(
                 tensors=dict(prompts.batch.items()),
-                non_tensors=dict(prompts.non_tensor_batch),
+                non_tensors=non_tensors,
                 meta_info={"n": val_kwargs.n, "do_sample": val_kwargs.do_sample, "temperature": val_kwargs.temperature},
             )
             output = self.actor_wg.generate_sequences(prompts)
-            scores.append(self.reward_fn(output).sum(-1))
-        all_scores = torch.cat(scores)
-        return {"val/score/mean": all_scores.mean().item()}
+            score = self.score(output).sum(-1)
+            scores.append(score)
+            infos["reward"].extend(score.tolist())
+            for key in output.meta_info.get("reward_extra_keys", ()):  # what the scorer returned besides the score
+                infos[key].extend(output.non_tensor_batch[key].tolist())
+            uids.extend(output.non_tensor_batch["uid"].tolist())
+            sources.extend(output.non_tensor_batch.get("data_source", np.full(len(output), "unknown")).tolist())
+        metrics = {"val/score/mean": torch.cat(scores).mean().item()}
+        metrics.update(validation_metrics(sources, uids, dict(infos)))
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
 

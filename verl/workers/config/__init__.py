@@ -1,11 +1,18 @@
 """Typed configs: the schema of the YAML, validated once in the driver and handed to the workers.
 
 The YAML files under ``verl/trainer/config`` hold every default; these frozen dataclasses have none. Build the whole
-config with :meth:`PPOConfig.from_omegaconf` (what ``main_ppo`` does) or :func:`compose_ppo_config`, and one
-section with :func:`load_section`.
+config with :func:`compose_ppo_config` (what ``main_ppo`` does: :func:`compose_with_defaults`, then
+:meth:`PPOConfig.from_omegaconf` with the file's defaults) and one section with :func:`load_section`.
 """
 
-from verl.workers.config.loading import compose_omegaconf, compose_ppo_config, load_section
+from verl.workers.config.algorithm import FilterGroupsConfig, OverlongBufferConfig
+from verl.workers.config.loading import (
+    ComposedConfig,
+    compose_omegaconf,
+    compose_ppo_config,
+    compose_with_defaults,
+    load_section,
+)
 from verl.workers.config.optim import LossScaleConfig, OptimConfig
 from verl.workers.config.ppo import (
     ActorRolloutRefConfig,
@@ -30,6 +37,7 @@ from verl.workers.config.roles import (
     MegatronConfig,
     MicroBatching,
     ModelConfig,
+    PolicyLossConfig,
     RefConfig,
     RefFSDPConfig,
     TrainedModelConfig,
@@ -45,6 +53,7 @@ __all__ = [
     "ActorRolloutRefConfig",
     "AlgorithmConfig",
     "BaseConfig",
+    "ComposedConfig",
     "CriticConfig",
     "CriticModelConfig",
     "CustomRewardFunctionConfig",
@@ -58,11 +67,14 @@ __all__ = [
     "WrapPolicyConfig",
     "FaultInjectionConfig",
     "FieldError",
+    "FilterGroupsConfig",
+    "OverlongBufferConfig",
     "LossScaleConfig",
     "MegatronConfig",
     "ModelConfig",
     "OptimConfig",
     "PPOConfig",
+    "PolicyLossConfig",
     "RayInitConfig",
     "RefConfig",
     "RewardModelConfig",
@@ -73,5 +85,6 @@ __all__ = [
     "build_config",
     "compose_omegaconf",
     "compose_ppo_config",
+    "compose_with_defaults",
     "load_section",
 ]

@@ -12,6 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Literal
 
+from verl.workers.config.algorithm import (
+    FilterGroupsConfig,
+    KLControlConfig,
+    OverlongBufferConfig,
+    RolloutCorrectionConfig,
+)
 from verl.workers.config.roles import FSDP_STRATEGIES, ActorConfig, CriticConfig, KLType, ModelConfig, RefConfig
 from verl.workers.config.rollout import VLLM_ROLLOUT_KEYS, RolloutConfig
 from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
@@ -69,11 +75,18 @@ class RewardModelConfig(BaseConfig):
 
     reward_manager: str
     custom_score_fn: str | None
+    overlong_buffer: OverlongBufferConfig
 
     def check(self) -> None:
         from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
 
         check_one_of(self, "reward_manager", REWARD_MANAGER_REGISTRY.names(), "registered reward managers")
+        if self.overlong_buffer.enable and self.reward_manager != "dapo":
+            raise FieldError(
+                "overlong_buffer.enable",
+                f"=true, but the {self.reward_manager!r} reward manager does not read it: the overlong penalty is the "
+                "dapo manager's; set reward_model.reward_manager=dapo.",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,49 +97,6 @@ class CustomRewardFunctionConfig(BaseConfig):
 
     path: str | None
     name: str
-
-
-@dataclasses.dataclass(frozen=True)
-class KLControlConfig(BaseConfig):
-    """``algorithm.kl_ctrl``: the coefficient of the KL penalty in the reward, fixed or adaptive."""
-
-    type: Literal["fixed", "adaptive"]
-    kl_coef: float
-    target_kl: float
-    horizon: int
-
-    def check(self) -> None:
-        check_number(self, "kl_coef", 0.0)
-        check_number(self, "target_kl", 0.0, exclusive_min=True)
-        check_int(self, "horizon", 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutCorrectionConfig(BaseConfig):
-    """``algorithm.rollout_correction``: importance weights and rejection for the rollout/trainer mismatch."""
-
-    rollout_is: Literal["token", "sequence"] | None
-    rollout_is_threshold: float
-    rollout_is_batch_normalize: bool
-    rollout_rs: Literal["token", "sequence"] | None
-    rollout_rs_threshold: float | None
-    bypass_mode: bool
-    loss_type: Literal["ppo_clip", "reinforce"]
-
-    def check(self) -> None:
-        check_number(self, "rollout_is_threshold", 1.0, exclusive_min=True)
-        check_number(self, "rollout_rs_threshold", 1.0, exclusive_min=True)
-        if self.loss_type == "reinforce" and not self.bypass_mode:
-            raise FieldError(
-                "loss_type",
-                "=reinforce weights the policy gradient by pi/pi_rollout itself, which needs bypass_mode=true (the "
-                "rollout's log-probs as the old ones); set algorithm.rollout_correction.bypass_mode=true.",
-            )
-
-    @property
-    def enabled(self) -> bool:
-        """Whether anything changes the loss (metrics are logged either way)."""
-        return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,21 +111,48 @@ class AlgorithmConfig(BaseConfig):
     lam: float
     use_kl_in_reward: bool
     kl_penalty: KLType
+    gdpo_reward_keys: list[str] | None
+    gdpo_reward_weights: list[float] | None
+    filter_groups: FilterGroupsConfig
     rollout_correction: RolloutCorrectionConfig
     kl_ctrl: KLControlConfig
+
+    # estimators that need what this trainer does not produce, and what that is
+    UNAVAILABLE_ESTIMATORS: ClassVar[dict[str, str]] = {
+        "remax": "reward baselines from a greedy rollout (reward_baselines)",
+        "optimal_token_baseline": "sum_pi_squared, the per-token sum of squared probabilities, from the actor",
+        "tir_optimal_token_baseline": "sum_pi_squared, the per-token sum of squared probabilities, from the actor",
+    }
 
     def check(self) -> None:
         from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
         check_one_of(self, "adv_estimator", ADV_ESTIMATOR_REGISTRY.names(), "registered advantage estimators")
-        if self.adv_estimator == "remax":
+        missing = self.UNAVAILABLE_ESTIMATORS.get(self.adv_estimator)
+        if missing is not None:
             raise FieldError(
                 "adv_estimator",
-                "=remax needs reward baselines from a greedy rollout, which this trainer does not produce yet; use "
-                "grpo, rloo or reinforce_plus_plus.",
+                f"={self.adv_estimator} needs {missing}, which this trainer does not compute yet; use grpo, rloo, "
+                "reinforce_plus_plus or another registered estimator.",
             )
         check_number(self, "gamma", 0.0, 1.0)
         check_number(self, "lam", 0.0, 1.0)
+        self._check_gdpo()
+
+    def _check_gdpo(self) -> None:
+        keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
+        if self.adv_estimator == "gdpo" and not keys:
+            raise FieldError(
+                "gdpo_reward_keys",
+                "is empty, and adv_estimator=gdpo normalises each reward component on its own: list the keys your "
+                "reward function returns in its result dict, e.g. algorithm.gdpo_reward_keys=[format,accuracy].",
+            )
+        if weights is not None and (keys is None or len(weights) != len(keys)):
+            raise FieldError(
+                "gdpo_reward_weights",
+                f"has {len(weights)} entries for {len(keys or [])} gdpo_reward_keys; give one weight per key, or "
+                "null (all 1).",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,22 +235,28 @@ class PPOConfig(BaseConfig):
     ray_init: RayInitConfig
 
     @classmethod
-    def from_omegaconf(cls, config: Any) -> PPOConfig:
+    def from_omegaconf(cls, config: Any, defaults: Any = None) -> PPOConfig:
         """Validate a composed Hydra/OmegaConf config (or a plain mapping) into a :class:`PPOConfig`.
 
-        Raises:
-            ValueError: any key missing, unknown, of the wrong type, out of range, or inconsistent with another.
-        """
-        from omegaconf import DictConfig, OmegaConf
-        from omegaconf.errors import OmegaConfBaseException
+        Args:
+            config: the composed config; a ``hydra`` section is ignored.
+            defaults: the same config file composed without overrides
+                (:attr:`~verl.workers.config.loading.ComposedConfig.defaults`). With it, a setting changed from its
+                default where nothing reads it (an FSDP2 section of a model that trains with ``dp``, a vLLM engine
+                key with another rollout) is refused; None skips that comparison. The command line and
+                :func:`~verl.workers.config.compose_ppo_config` pass it. It happens here, once, and not in
+                ``check``: validating (``__post_init__``, ``replace()``) reads no files.
 
-        if isinstance(config, DictConfig):
-            try:
-                config = OmegaConf.to_container(config, resolve=True)
-            except OmegaConfBaseException as err:
-                raise ValueError(f"the config does not resolve: {err}") from None
-        values = {key: value for key, value in dict(config).items() if key != "hydra"}
-        return build_config(cls, values, "")
+        Raises:
+            ValueError: any key missing, unknown, of the wrong type, out of range, or inconsistent with another; a
+                setting nothing reads.
+        """
+        from verl.workers.config.loading import plain_values
+
+        typed = build_config(cls, plain_values(config), "")
+        if defaults is not None:
+            typed._check_settings_apply(defaults)
+        return typed
 
     # ------------------------------------------------------------------ cross-section rules
 
@@ -282,11 +285,36 @@ class PPOConfig(BaseConfig):
             raise ValueError(
                 "reward_model.custom_score_fn and custom_reward_function.path both name a scoring function; set one."
             )
+        self._check_rollout_log_probs_as_old()
+        self._check_dapo()
         self._check_token_budgets()
         self._check_batch_sizes()
         self._check_fire_drill_ranks()
         self._check_training_paths()
-        self._check_settings_apply()
+
+    def _check_dapo(self) -> None:
+        buffer, filter_groups = self.reward_model.overlong_buffer, self.algorithm.filter_groups
+        if buffer.enable and buffer.len > self.data.max_response_length:
+            raise ValueError(
+                f"reward_model.overlong_buffer.len={buffer.len} exceeds data.max_response_length="
+                f"{self.data.max_response_length}: the buffer is the end of the response length; shorten it."
+            )
+        if filter_groups.enable and filter_groups.metric == "seq_final_reward" and self.algorithm.use_kl_in_reward:
+            raise ValueError(
+                "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: groups are "
+                "filtered before the KL penalty enters the rewards here; use metric=seq_reward (the scores)."
+            )
+
+    def _check_rollout_log_probs_as_old(self) -> None:
+        correction = self.algorithm.rollout_correction
+        if self.actor_rollout_ref.actor.use_rollout_log_probs and not correction.bypass_mode:
+            if correction.rollout_is is not None or correction.rollout_rs is not None:
+                raise ValueError(
+                    "actor_rollout_ref.actor.use_rollout_log_probs=true makes the rollout's log-probs the old ones, so "
+                    "pi_old / pi_rollout is 1 and algorithm.rollout_correction.rollout_is / rollout_rs would do "
+                    "nothing; set algorithm.rollout_correction.bypass_mode=true to correct against the current "
+                    "policy instead, or turn use_rollout_log_probs off."
+                )
 
     def _check_hf_only_features(self) -> None:
         """Activation checkpointing and padding-free passes run on Hugging Face models (dp, fsdp2) only."""
@@ -388,15 +416,15 @@ class PPOConfig(BaseConfig):
         if self.needs_critic and self.critic_strategy == "megatron":
             self.critic.megatron.training_path("cpu", f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
 
-    def _check_settings_apply(self) -> None:
-        """Settings changed from their defaults where nothing reads them would do nothing: refuse them, saying why.
+    def _check_settings_apply(self, defaults: Any) -> None:
+        """Settings changed from their ``defaults`` where nothing reads them would do nothing: refuse them, saying why.
 
         FSDP2 sections apply to a model on ``fsdp2``/``fsdp``; the vLLM engine keys to ``rollout.name=vllm``.
+        ``defaults`` is the composed config (or a plain mapping) of the file this one was composed from (see
+        :meth:`from_omegaconf`), so a file that sets one of these keys itself is not refused for it. Only the keys
+        compared are resolved there: an interpolation elsewhere in the defaults that the user's overrides replaced
+        (``${oc.env:...}``, say) does not have to resolve.
         """
-        from omegaconf import OmegaConf
-
-        from verl.workers.config.loading import compose_omegaconf
-
         arr = self.actor_rollout_ref
         unused: list[tuple[str, Any, str]] = []  # (key, value, what would make it apply)
         for strategy, value, key, owner in [
@@ -412,14 +440,10 @@ class PPOConfig(BaseConfig):
                 value = getattr(arr.rollout, name)
                 plain = value.to_dict() if isinstance(value, BaseConfig) else value
                 unused.append((f"{RolloutConfig.KEY}.{name}", plain, fix))
-        if not unused:
-            return
-        defaults = OmegaConf.to_container(compose_omegaconf(), resolve=True)
+        from verl.workers.config.loading import default_at
+
         for key, value, fix in unused:
-            default = defaults
-            for part in key.split("."):
-                default = default[part]
-            if value != default:
+            if value != default_at(defaults, key):
                 raise ValueError(
                     f"{key} is set, but nothing reads it: it applies with {fix}. Set that, or leave {key} at its "
                     "default."
@@ -454,7 +478,7 @@ class PPOConfig(BaseConfig):
         detached log-probs are the old log-probs and the ratio is exactly 1, as in an on-policy GRPO step.
         """
         actor, correction = self.actor_rollout_ref.actor, self.algorithm.rollout_correction
-        if correction.bypass_mode:
+        if self.uses_rollout_log_probs_as_old:
             return False  # the rollout's own log-probs are the old ones
         if actor.recompute_old_log_prob is True or self.algorithm.use_kl_in_reward:
             return True  # the KL penalty in the reward is computed from the old log-probs, before any update
@@ -462,6 +486,12 @@ class PPOConfig(BaseConfig):
             return True  # the importance weights pi_old / mu need pi_old before the update
         one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
         return not one_update
+
+    @property
+    def uses_rollout_log_probs_as_old(self) -> bool:
+        """Whether the rollout's log-probs serve as the old ones (``rollout_correction.bypass_mode`` or verl's
+        ``actor.use_rollout_log_probs``), with no old-log-prob pass."""
+        return self.algorithm.rollout_correction.bypass_mode or self.actor_rollout_ref.actor.use_rollout_log_probs
 
     @property
     def world_size(self) -> int:

@@ -8,18 +8,29 @@ chooser of the megatron training path, for actor and critic alike.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import typing
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from verl.workers.config.optim import OptimConfig
-from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_int_list, check_number, check_one_of
+from verl.workers.config.schema import (
+    BaseConfig,
+    FieldError,
+    build_config,
+    check_int,
+    check_int_list,
+    check_number,
+    check_one_of,
+)
 
 logger = logging.getLogger(__name__)
 
 Strategy = Literal["dp", "fsdp", "fsdp2", "megatron"]
 DType = Literal["float16", "bfloat16", "float32"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 # a "+" suffix: the named estimator's value with the k2 gradient (straight-through), as in verl
 KLType = Literal[
     "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
@@ -217,6 +228,66 @@ class TrainedModelConfig(BaseConfig):
         return dataclasses.replace(self, ppo_mini_batch_size=samples // world_size)
 
 
+@functools.lru_cache(maxsize=8)
+def _trainer_yaml_section(key: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[2] / "trainer" / "config" / "ppo_trainer.yaml"
+    return OmegaConf.to_container(OmegaConf.select(OmegaConf.load(path), key), resolve=True)
+
+
+def trainer_yaml_section(key: str) -> dict[str, Any]:
+    """A copy of the section ``key`` (dotted) of ``ppo_trainer.yaml``: the defaults a shorthand or a preset fills
+    in, read from the one file that holds them."""
+    return dict(_trainer_yaml_section(key))
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig(BaseConfig):
+    """``actor_rollout_ref.actor.policy_loss``: the policy loss by name and the options of the losses that have any.
+
+    A bare name (``policy_loss=gspo``, this project's older spelling) stands for ``{loss_mode: gspo}`` with every
+    other key at its YAML default (:meth:`from_shorthand`).
+    """
+
+    KEY: ClassVar[str] = "actor_rollout_ref.actor.policy_loss"
+
+    loss_mode: str
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    ppo_kl_coef: float
+    dro_beta: float | None
+
+    @classmethod
+    def from_shorthand(cls, value: Any, key: str) -> Any:
+        if isinstance(value, str):
+            return {**trainer_yaml_section(cls.KEY), "loss_mode": value}
+        return value
+
+    def check(self) -> None:
+        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+        check_one_of(self, "loss_mode", POLICY_LOSS_REGISTRY.names(), "registered policy losses")
+        check_number(self, "clip_cov_ratio", 0.0, 1.0, exclusive_min=True)
+        check_number(self, "kl_cov_ratio", 0.0, 1.0, exclusive_min=True)
+        check_number(self, "ppo_kl_coef", 0.0)
+        check_number(self, "dro_beta", 0.0, exclusive_min=True)
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise FieldError(
+                "clip_cov_lb",
+                f"={self.clip_cov_lb} must be below clip_cov_ub={self.clip_cov_ub} (the band of ratios clip_cov "
+                "leaves alone); lower clip_cov_lb or raise clip_cov_ub.",
+            )
+        if self.loss_mode == "dro" and self.dro_beta is None:
+            raise FieldError(
+                "dro_beta",
+                "is null, and loss_mode=dro needs it: set actor_rollout_ref.actor.policy_loss.dro_beta to a number "
+                "> 0 (the weight of DRO's quadratic penalty on the log-ratio).",
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class ActorConfig(TrainedModelConfig):
     """``actor_rollout_ref.actor``: the policy's training settings (see ``ppo_trainer.yaml`` for each key)."""
@@ -227,7 +298,8 @@ class ActorConfig(TrainedModelConfig):
     strategy: Strategy
     fsdp_config: FSDPConfig
     recompute_old_log_prob: Literal["auto", True]
-    policy_loss: str
+    use_rollout_log_probs: bool
+    policy_loss: PolicyLossConfig
     clip_ratio: float
     clip_ratio_low: float | None
     clip_ratio_high: float | None
@@ -236,12 +308,22 @@ class ActorConfig(TrainedModelConfig):
     use_kl_loss: bool
     kl_loss_coef: float
     kl_loss_type: KLType
+    tau_pos: float
+    tau_neg: float
+    loss_scale_factor: float | None
+
+    def __post_init__(self) -> None:
+        # a bare loss name or a mapping handed to the constructor (replace(policy_loss="gspo")) becomes the section
+        if isinstance(self.policy_loss, str | Mapping):
+            values = PolicyLossConfig.from_shorthand(self.policy_loss, PolicyLossConfig.KEY)
+            object.__setattr__(self, "policy_loss", build_config(PolicyLossConfig, values))
+        super().__post_init__()
 
     def check(self) -> None:
         super().check()
-        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-
-        check_one_of(self, "policy_loss", POLICY_LOSS_REGISTRY.names(), "registered policy losses")
+        check_number(self, "tau_pos", 0.0, exclusive_min=True)
+        check_number(self, "tau_neg", 0.0, exclusive_min=True)
+        check_number(self, "loss_scale_factor", 0.0, exclusive_min=True)
         check_number(self, "clip_ratio", 0.0, exclusive_min=True)
         check_number(self, "clip_ratio_low", 0.0, exclusive_min=True)
         check_number(self, "clip_ratio_high", 0.0, exclusive_min=True)

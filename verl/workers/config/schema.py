@@ -232,6 +232,15 @@ class BaseConfig:
     def check(self) -> None:
         """The section's value rules (ranges, accepted names); raise :class:`FieldError`."""
 
+    @classmethod
+    def from_shorthand(cls, value: Any, key: str) -> Any:
+        """The mapping a section's shorter spelling stands for (a bare name, say); any other value unchanged.
+
+        :func:`build_config` asks this before it reads the section, so a section that once was a plain value
+        (``policy_loss: vanilla``) keeps accepting it. ``key`` is the section's full key, for messages.
+        """
+        return value
+
     def replace(self: T, **changes: Any) -> T:
         """A copy with ``changes`` applied, validated again."""
         return dataclasses.replace(self, **changes)
@@ -263,6 +272,7 @@ def build_config(cls: type[T], values: Mapping[str, Any], prefix: str | None = N
         ValueError: a missing key, an unknown key, a value of the wrong type or outside its rule.
     """
     prefix = cls.KEY if prefix is None else prefix
+    values = cls.from_shorthand(values, prefix)
     if not isinstance(values, Mapping):
         raise ValueError(f"{prefix or 'the config'} must be a mapping of keys, got {values!r}.")
     hints = typing.get_type_hints(cls)
