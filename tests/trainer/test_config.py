@@ -133,12 +133,28 @@ def test_unknown_key_is_an_error():
     [
         ("+trainer.totl_training_steps=5", r"trainer\.totl_training_steps is not a known config key"),
         ("+foo.bar=1", r"foo is not a known config key"),
-        ("+actor_rollout_ref.model.use_fused_kernels=true", r"use_fused_kernels is a verl key for a feature"),
     ],
 )
 def test_added_unknown_keys_are_errors_not_ignored(override, match):
     with pytest.raises(ValueError, match=match):
         validated([override])
+
+
+@pytest.mark.parametrize(
+    "key", ["actor_rollout_ref.model.use_fused_kernels", "actor_rollout_ref.actor.use_torch_compile"]
+)
+def test_verl_switches_of_missing_features_accept_off_and_refuse_on(key):
+    # verl's scripts set these to False as often as to True: off is always accepted, on is refused by name
+    validated([f"{key}=False"])
+    with pytest.raises(ValueError, match=rf"{key}=true asks for a verl feature this project does not have"):
+        validated([f"{key}=True"])
+
+
+@pytest.mark.parametrize(("value", "sinks"), [("console", ["console"]), ("[console,jsonl]", ["console", "jsonl"])])
+def test_the_logger_is_a_list_or_one_name(value, sinks):
+    assert validated([f"trainer.logger={value}"]).trainer.logger == sinks
+    with pytest.raises(ValueError, match="unknown sink"):
+        validated(["trainer.logger=consol"])
 
 
 def test_policy_mapping_from_the_command_line():

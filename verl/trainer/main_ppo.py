@@ -392,7 +392,7 @@ def parse_command_line(argv: Sequence[str], config_dir: Path, config_name: str) 
     try:
         return compose_with_defaults(args.overrides, args.config_name, Path(args.config_path))
     except ValueError as err:
-        raise ValueError(_explain_override_error(args.overrides) or str(err)) from None
+        raise ValueError(_explain_override_error(args.overrides, str(err)) or str(err)) from None
 
 
 def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name: str) -> DictConfig:
@@ -404,14 +404,15 @@ def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name
     return parse_command_line(argv, config_dir, config_name).config
 
 
-def _explain_override_error(overrides: Sequence[str]) -> str | None:
-    """Our message for an override Hydra refused because the key is renamed or names a verl feature we lack."""
+def _explain_override_error(overrides: Sequence[str], hydra_message: str) -> str | None:
+    """Our message for the override Hydra refused (the one its message quotes) when that key is renamed or names a
+    verl feature we lack; None otherwise, so that Hydra's own message names the key it refused."""
     from verl.workers.config.schema import known_key_message
 
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         message = known_key_message(key)
-        if message is not None:
+        if message is not None and f"'{key}'" in hydra_message:
             return message
     return None
 

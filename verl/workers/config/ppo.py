@@ -170,7 +170,7 @@ class TrainerConfig(BaseConfig):
     default_local_dir: str
     resume_mode: Literal["auto", "disable", "resume_path"]
     resume_from_path: str | None
-    logger: list[str]
+    logger: list[str] | str
     project_name: str
     experiment_name: str
     plot: bool
@@ -193,6 +193,8 @@ class TrainerConfig(BaseConfig):
         check_number(self, "collective_timeout_s", 0.0, exclusive_min=True)
         check_number(self, "placement_timeout_s", 0.0, exclusive_min=True)
         check_int(self, "critic_warmup", 0)
+        if isinstance(self.logger, str):  # verl's scripts say trainer.logger=console as often as a list
+            object.__setattr__(self, "logger", [self.logger])
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
             raise FieldError("logger", f"has unknown sink(s) {unknown}; use a list of {list(LOGGERS)}.")

@@ -24,6 +24,7 @@ from verl.workers.config.schema import (
     check_int_list,
     check_number,
     check_one_of,
+    refuse_unavailable,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,8 +63,10 @@ class ModelConfig(BaseConfig):
     enable_gradient_checkpointing: bool
     use_remove_padding: bool
     use_onednn_linear: bool
+    use_fused_kernels: bool
 
     def check(self) -> None:
+        refuse_unavailable(self, "use_fused_kernels", "fused log-prob kernels are not available on these backends")
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
 
@@ -311,6 +314,7 @@ class ActorConfig(TrainedModelConfig):
     tau_pos: float
     tau_neg: float
     loss_scale_factor: float | None
+    use_torch_compile: bool
 
     def __post_init__(self) -> None:
         # a bare loss name or a mapping handed to the constructor (replace(policy_loss="gspo")) becomes the section
@@ -321,6 +325,7 @@ class ActorConfig(TrainedModelConfig):
 
     def check(self) -> None:
         super().check()
+        refuse_unavailable(self, "use_torch_compile", "torch.compile of the actor is not available yet")
         check_number(self, "tau_pos", 0.0, exclusive_min=True)
         check_number(self, "tau_neg", 0.0, exclusive_min=True)
         check_number(self, "loss_scale_factor", 0.0, exclusive_min=True)

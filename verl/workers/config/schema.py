@@ -23,10 +23,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 T = TypeVar("T", bound="BaseConfig")
 
 # verl keys for features this project does not have: naming one is an error that says so, never silently ignored.
-UNSUPPORTED_VERL_KEYS: dict[str, str] = {
-    "actor_rollout_ref.model.use_fused_kernels": "fused log-prob kernels are not available on these backends",
-    "actor_rollout_ref.actor.use_torch_compile": "torch.compile of the actor is not available yet",
-}
+# A verl switch of a feature we lack whose off value verl scripts set is a key of its own instead, refused only when on
+# (see refuse_unavailable).
+UNSUPPORTED_VERL_KEYS: dict[str, str] = {}
 
 
 # Keys this project once had (or verl spells differently) and where they live now.
@@ -105,6 +104,12 @@ def check_number(
         ok = value <= maximum
     if not ok:
         raise FieldError(field, f"must be a number{_range_text(minimum, maximum, exclusive_min)}, got {value!r}.")
+
+
+def refuse_unavailable(obj: Any, field: str, why: str) -> None:
+    """``obj.field`` switches on a verl feature this project lacks: its off value (false) is accepted, on is refused."""
+    if getattr(obj, field):
+        raise FieldError(field, f"=true asks for a verl feature this project does not have: {why}. Set it to false.")
 
 
 def check_one_of(obj: Any, field: str, accepted: typing.Iterable[Any], what: str = "") -> None:
