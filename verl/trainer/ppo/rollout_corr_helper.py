@@ -19,12 +19,13 @@ from here, as from verl's module of the same name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.algo_registry import read_key
 from verl.trainer.ppo.rollout_corr_metrics import compute_is_metrics, compute_offpolicy_metrics, compute_rs_metrics
 from verl.trainer.ppo.rollout_corr_thresholds import (
     SAFETY_BOUND,
@@ -246,13 +247,6 @@ def compute_rollout_correction_and_rejection_mask(
     return weights_proto, mask, {f"rollout_corr/{key}": float(value) for key, value in metrics.items()}
 
 
-def _setting(config: Any, key: str, default: Any) -> Any:
-    """A setting of a typed config (attribute) or of a mapping (verl's dict form)."""
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return getattr(config, key, default)
-
-
 def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_config: Any) -> tuple[DataProto, dict]:
     """Apply ``algorithm.rollout_correction`` to a batch with ``old_log_probs``, ``rollout_log_probs`` and
     ``response_mask``: the mask always becomes the one after rejection, ``rollout_is_weights`` is added when
@@ -265,11 +259,11 @@ def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_c
         old_log_prob=batch.batch["old_log_probs"],
         rollout_log_prob=batch.batch["rollout_log_probs"],
         response_mask=batch.batch["response_mask"],
-        rollout_is=_setting(rollout_corr_config, "rollout_is", None),
-        rollout_is_threshold=_setting(rollout_corr_config, "rollout_is_threshold", 2.0),
-        rollout_is_batch_normalize=_setting(rollout_corr_config, "rollout_is_batch_normalize", False),
-        rollout_rs=_setting(rollout_corr_config, "rollout_rs", None),
-        rollout_rs_threshold=_setting(rollout_corr_config, "rollout_rs_threshold", None),
+        rollout_is=read_key(rollout_corr_config, "rollout_is", None),
+        rollout_is_threshold=read_key(rollout_corr_config, "rollout_is_threshold", 2.0),
+        rollout_is_batch_normalize=read_key(rollout_corr_config, "rollout_is_batch_normalize", False),
+        rollout_rs=read_key(rollout_corr_config, "rollout_rs", None),
+        rollout_rs_threshold=read_key(rollout_corr_config, "rollout_rs_threshold", None),
     )
     batch.batch["response_mask"] = mask
     if weights is not None:

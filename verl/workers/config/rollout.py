@@ -91,15 +91,9 @@ class SamplingParams(BaseConfig):
             config = OmegaConf.to_container(config, resolve=True)
         if not isinstance(config, Mapping):
             raise ValueError(f"The rollout config must be a mapping, got {type(config).__name__}.")
-        names = [field.name for field in dataclasses.fields(cls)]
-        missing = [name for name in names if name not in config]
-        if missing:
-            raise ValueError(
-                f"Missing rollout option(s) {[f'{ROLLOUT_KEY}.{name}' for name in missing]}: a rollout needs every "
-                f"sampling option {names}; take them from the config with RolloutConfig.sampling_options() (the "
-                "YAML holds the defaults)."
-            )
-        return build_config(cls, {name: config[name] for name in names})
+        names = {field.name for field in dataclasses.fields(cls)}
+        # build_config names a missing option (the YAML holds every default: RolloutConfig.sampling_options())
+        return build_config(cls, {name: value for name, value in config.items() if name in names})
 
     def with_overrides(self, meta_info: Mapping[str, Any] | None) -> SamplingParams:
         """A copy with the :data:`OVERRIDABLE_KEYS` found in ``meta_info`` applied (validated the same way)."""
