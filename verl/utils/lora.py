@@ -1,0 +1,259 @@
+"""LoRA adapters through ``peft`` on a Hugging Face causal LM (``actor_rollout_ref.model.lora_rank > 0``).
+
+:func:`add_lora_adapters` injects peft's LoRA layers into the model in place (or loads an existing adapter from
+``lora_adapter_path``) and freezes every base weight, so the optimizer built afterwards over the parameters that
+require gradients holds the adapters only. The model keeps its class (a ``transformers`` model whose targeted linear
+layers became peft ``lora.Linear`` modules): the actor's forward passes, the rollout's decoding, FSDP2 sharding and
+checkpoints work on it as on any Hugging Face model. The ``PeftModel`` around it is kept for two things only: switching
+the adapters off for the reference policy (:meth:`PeftModel.disable_adapter`, no second copy of the weights) and
+writing the adapter directory peft loads (:func:`save_lora_adapter`). :func:`check_lora_targets` runs the same
+injection on an empty (meta-device) copy of the model at start-up, so a ``target_modules`` that matches nothing or a
+rank wider than a targeted layer fails before any worker starts, with the key named.
+
+The naive and hf rollouts sample from the actor's own module, adapters included, so they need no sync. A rollout
+that holds its own weights (vLLM) gets the merged weights ``W + (alpha / r) B A`` under the plain model's names after
+each update (:func:`merged_lora_weights`), through the same sync as full fine-tuning: the engine runs the plain
+model, with no LoRA support of its own switched on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+KEY = "actor_rollout_ref.model"
+#: The directory a LoRA run's checkpoint holds its peft adapter in (verl's name).
+LORA_ADAPTER_DIR = "lora_adapter"
+_ADAPTER_CONFIG = "adapter_config.json"
+# the adapter peft creates (get_peft_model) or loads (PeftModel.from_pretrained) when none is named
+_ADAPTER_NAME = "default"
+# prefix of the wrapped model's names inside PeftModel.state_dict(), which peft's save_pretrained expects
+_PEFT_PREFIX = "base_model.model."
+
+
+def lora_config(model_config: Any):
+    """The ``peft.LoraConfig`` of ``model_config`` (its ``lora_rank``, ``lora_alpha``, ``target_modules``,
+    ``exclude_modules``); dropout 0 and no bias adapters, so that forward passes are deterministic."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=model_config.lora_rank,
+        lora_alpha=model_config.lora_alpha,
+        target_modules=model_config.target_modules,
+        exclude_modules=model_config.exclude_modules,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def add_lora_adapters(module: torch.nn.Module, model_config: Any, *, key: str = KEY):
+    """Inject LoRA adapters into ``module`` in place and freeze its base weights.
+
+    Fresh adapters follow ``model_config`` (peft's initialisation: B = 0, so the model starts equal to the base);
+    with ``lora_adapter_path`` set, the adapter saved there is loaded, trainable, with its own rank and targets.
+
+    Args:
+        module: a Hugging Face causal LM (fp32); it stays the same object, with peft layers inside.
+        model_config: the ``actor_rollout_ref.model`` section.
+        key: the section's key, for messages.
+
+    Returns:
+        The ``peft.PeftModel`` wrapping ``module`` (``peft_model.base_model.model is module``).
+
+    Raises:
+        ValueError: ``target_modules`` matches no linear layer, or ``lora_rank`` exceeds a targeted layer's width.
+    """
+    from peft import PeftModel, get_peft_model
+
+    if model_config.lora_adapter_path:
+        peft_model = PeftModel.from_pretrained(module, model_config.lora_adapter_path, is_trainable=True)
+        logger.info("LoRA: adapter loaded from %s", model_config.lora_adapter_path)
+    else:
+        try:
+            peft_model = get_peft_model(module, lora_config(model_config))
+        except ValueError as error:  # peft's "Target modules ... not found in the base model"
+            raise ValueError(
+                f"{key}.target_modules={model_config.target_modules!r} (with exclude_modules="
+                f"{model_config.exclude_modules!r}) selects no linear layer of {type(module).__name__}: {error} "
+                "Name linear layers of the model (e.g. [q_proj, v_proj]) or use all-linear."
+            ) from error
+    _check_rank_fits(peft_model, key)
+    num_trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    num_total = sum(p.numel() for p in module.parameters())
+    logger.info(
+        "LoRA: %d trainable parameters of %d (%.3f%%)", num_trainable, num_total, 100 * num_trainable / num_total
+    )
+    return peft_model
+
+
+def _check_rank_fits(peft_model: Any, key: str) -> None:
+    """Refuse a rank wider than a targeted layer: ``B @ A`` has rank at most min(in, out), so the excess columns
+    would only add parameters and optimizer state."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, layer in peft_model.base_model.model.named_modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        for adapter, rank in layer.r.items():
+            width = min(layer.in_features, layer.out_features)
+            if rank > width:
+                raise ValueError(
+                    f"{key}.lora_rank={rank} is larger than the width of {name} ({layer.in_features} -> "
+                    f"{layer.out_features}, at most rank {width}) (adapter {adapter!r}); use lora_rank <= {width} "
+                    "or leave that layer out with exclude_modules."
+                )
+
+
+def check_lora_targets(model_config: Any, *, key: str = KEY) -> int:
+    """Start-up check of the adapters on an empty (meta-device) copy of the model: no weights are read.
+
+    Returns:
+        The number of trainable (adapter) parameters the run will have.
+
+    Raises:
+        ValueError: as :func:`add_lora_adapters`.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from verl.models.loading import load_hf_config
+
+    hf_config = load_hf_config(model_config.path, model_config.trust_remote_code)
+    with torch.device("meta"):
+        module = AutoModelForCausalLM.from_config(hf_config)
+    if model_config.lora_adapter_path:
+        return _count_adapter_params(model_config.lora_adapter_path)
+    add_lora_adapters(module, model_config, key=key)
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def _count_adapter_params(path: str) -> int:
+    """Parameters in a saved adapter's weights file (0 when it has none)."""
+    from safetensors import safe_open
+
+    weights = Path(path) / "adapter_model.safetensors"
+    if not weights.is_file():
+        return 0
+    num_params = 0
+    with safe_open(str(weights), framework="pt") as handle:
+        for name in handle.keys():
+            numel = 1
+            for size in handle.get_slice(name).get_shape():
+                numel *= size
+            num_params += numel
+    return num_params
+
+
+def save_lora_adapter(
+    directory: str | os.PathLike, peft_model: Any, weights: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Write the peft adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) that
+    ``PeftModel.from_pretrained`` and ``lora_adapter_path`` load.
+
+    Args:
+        directory: where to write (created).
+        peft_model: the model :func:`add_lora_adapters` returned.
+        weights: the wrapped model's full state dict (names as in ``module.state_dict()``), e.g. gathered from FSDP2
+            shards; None reads the module's own (unsharded) state dict.
+    """
+    if weights is None:
+        weights = peft_model.base_model.model.state_dict()
+    state_dict = {_PEFT_PREFIX + name: tensor for name, tensor in weights.items() if "lora_" in name}
+    peft_model.save_pretrained(str(directory), state_dict=state_dict, safe_serialization=True)
+
+
+def is_lora_adapter_dir(path: str | os.PathLike) -> bool:
+    """Whether ``path`` looks like a peft adapter directory."""
+    return (Path(path) / _ADAPTER_CONFIG).is_file()
+
+
+class AdaptersOffReference:
+    """The reference policy of a LoRA run: the actor's own model with its adapters switched off.
+
+    The base weights are frozen and never change, so the base model *is* the reference policy; running the actor's
+    log-prob pass inside :meth:`peft.PeftModel.disable_adapter` gives it without a second copy of the weights (and,
+    under FSDP2, with the same collectives every rank runs). Only :meth:`compute_log_prob` is offered: the reference
+    is never trained, checkpointed or sampled from.
+
+    Args:
+        actor: the trained actor (its ``peft_model`` set by the worker).
+    """
+
+    def __init__(self, actor: Any):
+        assert actor.peft_model is not None, "the reference without adapters needs a LoRA actor"
+        self.actor = actor
+
+    def compute_log_prob(self, data: Any, micro_batching: Any = None, calculate_entropy: bool = False):
+        """As the actor's ``compute_log_prob`` (log-probs (B, R), entropy or None), with the adapters off."""
+        with self.actor.peft_model.disable_adapter():
+            return self.actor.compute_log_prob(data, micro_batching, calculate_entropy)
+
+
+def lora_scalings(module: torch.nn.Module) -> dict[str, float]:
+    """``{module name: alpha / rank}`` of every LoRA layer peft put into ``module`` (names as in its state dict)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {
+        name: float(layer.scaling[_ADAPTER_NAME])
+        for name, layer in module.named_modules()
+        if isinstance(layer, LoraLayer) and _ADAPTER_NAME in layer.scaling
+    }
+
+
+def merged_lora_weights(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], scalings: dict[str, float]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The plain model's weights from a LoRA model's state dict, one tensor at a time: each adapted layer's
+    ``W + (alpha / r) B A`` under the layer's own name (``...q_proj.weight``), its base bias as ``...q_proj.bias``,
+    the adapters themselves left out, everything else as it is.
+
+    This is what a rollout engine that holds its own weights (vLLM) gets after each update: the merged weights
+    under Hugging Face names, through the same sync as full fine-tuning. peft's state dict lists a layer's base
+    weight before its ``lora_A`` and ``lora_B``, so only one layer's base weight waits for its adapters at a time.
+
+    Args:
+        named_tensors: ``(name, tensor)`` in the module's state-dict order (full tensors, not shards).
+        scalings: :func:`lora_scalings` of the module.
+
+    Raises:
+        ValueError: an adapted layer's base weight, ``lora_A`` or ``lora_B`` is missing from ``named_tensors``.
+    """
+    waiting: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named_tensors:
+        layer, _, leaf = name.rpartition(".base_layer.")
+        if layer in scalings:
+            if leaf == "weight":
+                waiting.setdefault(layer, {})["weight"] = tensor.detach().clone()  # the sync may reuse the buffer
+            else:
+                yield f"{layer}.{leaf}", tensor
+            continue
+        adapter = _adapter_part(name, scalings)
+        if adapter is None:
+            yield name, tensor
+            continue
+        layer, part = adapter
+        parts = waiting.setdefault(layer, {})
+        parts[part] = tensor.detach().clone()
+        if {"weight", "lora_A", "lora_B"} <= parts.keys():
+            del waiting[layer]
+            delta = parts["lora_B"].float() @ parts["lora_A"].float() * scalings[layer]
+            yield f"{layer}.weight", (parts["weight"].float() + delta).to(parts["weight"].dtype)
+    if waiting:
+        layer, parts = next(iter(waiting.items()))
+        raise ValueError(f"LoRA layer {layer} lacks {sorted({'weight', 'lora_A', 'lora_B'} - parts.keys())}.")
+
+
+def _adapter_part(name: str, scalings: dict[str, float]) -> tuple[str, str] | None:
+    """``(layer, "lora_A" | "lora_B")`` for an adapter weight ``<layer>.lora_A.default.weight``; None otherwise."""
+    for part in ("lora_A", "lora_B"):
+        layer, found, rest = name.partition(f".{part}.")
+        if found and layer in scalings:
+            return (layer, part) if rest == f"{_ADAPTER_NAME}.weight" else None
+    return None
