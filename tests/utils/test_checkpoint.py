@@ -12,11 +12,13 @@ from safetensors import SafetensorError
 import verl.utils.checkpoint as checkpoint
 from verl.utils.checkpoint import (
     CheckpointError,
+    checkpoints_to_keep,
     find_latest_checkpoint,
     is_complete_checkpoint,
     load_state,
     load_weights,
     missing_checkpoint_files,
+    prune_checkpoints,
     remove_save_debris,
     rng_state_path,
     save_state,
@@ -274,3 +276,53 @@ def test_symlink_named_like_debris_is_not_followed(tmp_path):
     (root / ".global_step_1.tmp-link").symlink_to(target)
     assert remove_save_debris(root) == []
     assert (target / "keep.txt").exists()
+
+
+def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
+    for step in (2, 4, 6, 8):
+        _write_checkpoint(tmp_path / f"global_step_{step}")
+    (tmp_path / "global_step_1").mkdir()  # incomplete: neither counted nor deleted
+    _write_checkpoint(tmp_path / "global_step_10")  # a later step, left by an earlier run this one resumed past
+    removed = prune_checkpoints(tmp_path, tmp_path / "global_step_8", keep=2)
+    # keep=2 = the one just saved (8) plus the newest older complete one (6); 2 and 4 go, oldest first
+    assert removed == [tmp_path / "global_step_2", tmp_path / "global_step_4"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "global_step_1",
+        "global_step_10",
+        "global_step_6",
+        "global_step_8",
+    ]
+
+
+def test_prune_with_keep_one_leaves_only_the_newest_and_none_keeps_all(tmp_path):
+    for step in (1, 2, 3):
+        _write_checkpoint(tmp_path / f"global_step_{step}")
+    assert prune_checkpoints(tmp_path, tmp_path / "global_step_3", keep=None) == []
+    assert prune_checkpoints(tmp_path, tmp_path / "global_step_3", keep=1) == [
+        tmp_path / "global_step_1",
+        tmp_path / "global_step_2",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["global_step_3"]
+    with pytest.raises(ValueError, match="at least 1"):
+        prune_checkpoints(tmp_path, tmp_path / "global_step_3", keep=0)
+
+
+def test_prune_counts_only_checkpoints_complete_for_every_role(tmp_path):
+    _write_checkpoint(tmp_path / "global_step_1", roles=("actor", "critic"))
+    _write_checkpoint(tmp_path / "global_step_2", roles=("actor",))  # no critic: not a checkpoint of this run
+    _write_checkpoint(tmp_path / "global_step_3", roles=("actor", "critic"))
+    removed = prune_checkpoints(tmp_path, tmp_path / "global_step_3", keep=1, roles=("actor", "critic"))
+    assert removed == [tmp_path / "global_step_1"] and (tmp_path / "global_step_2").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ([3], 3),
+        ([None], None),
+        ([2, 5], 5),  # one directory holds both roles: the larger limit keeps what each role asked for
+        ([2, None], None),  # a role that keeps everything keeps every directory
+    ],
+)
+def test_checkpoints_to_keep_takes_the_most_generous_role(limits, expected):
+    assert checkpoints_to_keep(limits) == expected

@@ -113,3 +113,21 @@ def test_a_fresh_start_moves_an_earlier_runs_rows_aside(tmp_path):
     assert moved is not None and moved.read_text().count("\n") == 2 and not earlier.exists()
     assert tracker.set_aside_earlier_rows() is None  # nothing left to move
     tracker.close()
+
+
+def test_validation_samples_go_to_their_own_file_and_follow_resume_and_fresh_start(tmp_path, caplog):
+    tracker = Tracking(["console", "jsonl"], tmp_path, "p", "e")
+    samples = [{"input": "1+1=", "output": "2", "score": 1.0}, {"input": "2+2=", "output": "5", "score": 0.0}]
+    with caplog.at_level(logging.INFO, logger="verl.trainer"):
+        tracker.log_generations(samples, step=2)
+        tracker.log_generations(samples[:1], step=4)
+    path = tmp_path / "val_generations.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == [{"step": 2, **samples[0]}, {"step": 2, **samples[1]}, {"step": 4, **samples[0]}]
+    assert "[output] 5" in caplog.text  # the console shows each sample
+    tracker.log({"x": 1.0}, step=4)
+    tracker.truncate_after(2)  # a resume from step 2 drops the samples of later validations too
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [2, 2]
+    tracker.set_aside_earlier_rows()  # a fresh start moves both files aside
+    assert not path.exists() and len(list(tmp_path.glob("val_generations.*.jsonl"))) == 1
+    tracker.close()

@@ -16,7 +16,8 @@ Layout of one checkpoint (``roles`` are the worker groups that saved into it, ``
 A file that is missing, truncated or holds anything but tensors and plain values raises :class:`CheckpointError`,
 which names the file and says how to resume from another checkpoint or start fresh. Nothing read here is ever
 unpickled with ``weights_only=False``. Interrupted saves leave ``.global_step_N.tmp-*`` and ``.global_step_N.old-*``
-directories behind; :func:`remove_save_debris` clears them at start-up.
+directories behind; :func:`remove_save_debris` clears them at start-up. :func:`prune_checkpoints` deletes the oldest
+complete checkpoints beyond ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` after each save.
 """
 
 from __future__ import annotations
@@ -338,3 +339,59 @@ def step_of_checkpoint(path: str | os.PathLike) -> int:
     if not match:
         raise ValueError(f"{path} is not a checkpoint directory (expected a name like global_step_10).")
     return int(match.group(1))
+
+
+def checkpoints_to_keep(limits: Iterable[int | None]) -> int | None:
+    """How many whole checkpoints to keep, given each saving role's limit (``trainer.max_<role>_ckpt_to_keep``).
+
+    A checkpoint here is one directory holding every role, so the roles cannot be pruned apart without leaving
+    checkpoints a resume cannot use: the largest limit wins, and ``None`` (keep all) for any role keeps all.
+    """
+    limits = list(limits)
+    if not limits or any(limit is None for limit in limits):
+        return None
+    return max(int(limit) for limit in limits)
+
+
+def prune_checkpoints(
+    root: str | os.PathLike, newest: str | os.PathLike, keep: int | None, roles: Iterable[str] = ("actor",)
+) -> list[Path]:
+    """Delete the complete checkpoints older than ``newest`` beyond the ``keep`` most recent; returns them, oldest
+    first.
+
+    ``newest`` (the checkpoint just saved) always stays and counts as one of ``keep``. Only complete
+    ``global_step_N`` directories with N below ``newest``'s step are candidates: incomplete directories are not
+    counted and not touched (:func:`find_latest_checkpoint` already skips them, and they may be all that is left of
+    something a person wants to inspect), nor are directories of later steps, which an earlier run in the same
+    directory left before this run resumed from an older checkpoint.
+
+    Args:
+        root: the checkpoint root, ``trainer.default_local_dir``.
+        newest: the checkpoint just saved, a ``global_step_N`` directory under ``root``.
+        keep: how many checkpoints to keep, at least 1; ``None`` keeps all (nothing is deleted).
+        roles: the worker groups that save into a checkpoint, e.g. ``("actor", "critic")``.
+
+    Raises:
+        ValueError: ``keep`` is below 1.
+    """
+    if keep is None:
+        return []
+    if keep < 1:
+        raise ValueError(f"prune_checkpoints keeps at least 1 checkpoint (the one just saved), got keep={keep}.")
+    root, roles = Path(root), list(roles)
+    newest_step = step_of_checkpoint(newest)
+    older = sorted(
+        (int(m.group(1)), path)
+        for path in root.iterdir()
+        if path.is_dir()
+        and not path.is_symlink()
+        and (m := STEP_DIR_PATTERN.match(path.name))
+        and int(m.group(1)) < newest_step
+        and is_complete_checkpoint(path, roles)
+    )
+    doomed = [path for _, path in older[: max(len(older) - (keep - 1), 0)]]
+    for path in doomed:
+        shutil.rmtree(path)
+    if doomed:
+        logger.info("removed %d old checkpoint(s) to keep %d: %s", len(doomed), keep, ", ".join(map(str, doomed)))
+    return doomed

@@ -65,8 +65,11 @@ class Tracking:
         # opened per write rather than held: the file may be rewritten (truncate_jsonl_after_step replaces it),
         # and a held handle would keep appending to the replaced, unlinked copy
         self.jsonl_path: Path | None = self.log_dir / "metrics.jsonl" if "jsonl" in loggers else None
-        if self.jsonl_path is not None:
-            _drop_partial_last_line(self.jsonl_path)
+        # validation samples (trainer.log_val_generations) go to their own file: one row per sample
+        self.generations_path: Path | None = self.log_dir / "val_generations.jsonl" if "jsonl" in loggers else None
+        for path in (self.jsonl_path, self.generations_path):
+            if path is not None:
+                _drop_partial_last_line(path)
         self._tb = None
         self._wandb = None
         if "tensorboard" in loggers:
@@ -96,35 +99,76 @@ class Tracking:
         if self._wandb is not None:
             self._wandb.log(metrics, step=step)
 
+    def log_generations(self, samples: list[dict[str, Any]], step: int) -> None:
+        """Validation samples, each ``{"input": str, "output": str, "score": float}``, to every sink: the console
+        (one line each), ``val_generations.jsonl`` (one row each, with ``step``), a TensorBoard text entry and a
+        W&B table."""
+        if not samples:
+            return
+        if "console" in self.loggers:
+            for number, sample in enumerate(samples):
+                logger.info(
+                    "step %d: validation sample %d (score %.4g)\n[input] %s\n[output] %s",
+                    step,
+                    number,
+                    sample["score"],
+                    sample["input"],
+                    sample["output"],
+                )
+        if self.generations_path is not None:
+            rows = "".join(json.dumps({"step": step, **sample}) + "\n" for sample in samples)
+            with open(self.generations_path, "a") as handle:
+                handle.write(rows)
+        if self._tb is not None:
+            text = "\n\n".join(f"**score {s['score']:.4g}**\n\n{s['input']}\n\n---\n\n{s['output']}" for s in samples)
+            self._tb.add_text("val/generations", text, step)
+        if self._wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "input", "output", "score"])
+            for sample in samples:
+                table.add_data(step, sample["input"], sample["output"], sample["score"])
+            self._wandb.log({"val/generations": table}, step=step)
+
     def truncate_after(self, step: int) -> int:
-        """Drop the ``metrics.jsonl`` rows logged after ``step``; call it on resume with the resumed step.
+        """Drop the ``metrics.jsonl`` (and ``val_generations.jsonl``) rows logged after ``step``; call it on resume
+        with the resumed step.
 
         Only the JSONL sink is rewritten; TensorBoard and W&B keep what they received. Returns the number of rows
         dropped (0 without the ``jsonl`` sink). See :func:`truncate_jsonl_after_step`.
         """
         if self.jsonl_path is None:
             return 0
+        if self.generations_path is not None:
+            truncate_jsonl_after_step(self.generations_path, step)
         return truncate_jsonl_after_step(self.jsonl_path, step)
 
     def set_aside_earlier_rows(self) -> Path | None:
         """On a fresh start, move an earlier run's non-empty ``metrics.jsonl`` aside (never delete it).
 
         The file becomes ``metrics.<time>.jsonl`` next to it, with a warning naming both, so the new run's steps
-        appear once. Returns the new path, or None when there was nothing to move.
+        appear once; a non-empty ``val_generations.jsonl`` moves to ``val_generations.<time>.jsonl`` the same way.
+        Returns the metrics file's new path, or None when it had nothing to move.
         """
-        if self.jsonl_path is None or not self.jsonl_path.is_file() or self.jsonl_path.stat().st_size == 0:
-            return None
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.jsonl_path.with_name(f"metrics.{stamp}.jsonl")
-        os.replace(self.jsonl_path, target)
-        logger.warning("an earlier run's metrics were in %s: moved to %s", self.jsonl_path, target)
-        return target
+        moved = [_move_aside(path, stamp) for path in (self.jsonl_path, self.generations_path)]
+        return moved[0]
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _move_aside(path: Path | None, stamp: str) -> Path | None:
+    """Rename a non-empty ``<name>.jsonl`` to ``<name>.<stamp>.jsonl``; returns the new path (None: nothing to move)."""
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return None
+    target = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+    os.replace(path, target)
+    logger.warning("an earlier run's rows were in %s: moved to %s", path, target)
+    return target
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
