@@ -30,6 +30,7 @@ SERIES = ("training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
 def run(dtype: str, steps: int, out_dir: Path) -> tuple[list[dict], float]:
     overrides = [
         f"actor_rollout_ref.actor.dtype={dtype}",
+        "actor_rollout_ref.actor.strategy=dp",  # the hf rollout samples from a plain Hugging Face actor
         "actor_rollout_ref.rollout.name=hf",
         f"trainer.total_training_steps={steps}",
         "trainer.test_freq=-1",

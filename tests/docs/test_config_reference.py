@@ -1,7 +1,8 @@
 """docs/config/ppo_trainer.md lists exactly the keys of ppo_trainer.yaml, each with the YAML file's default.
 
-The YAML file is flattened to dotted keys (lists are leaves, the ``hydra`` section is skipped, interpolations stay
-unresolved); the page's table rows are read as ``| `dotted.key` | type | `default` | meaning |``. Defaults are
+The YAML file is flattened to dotted keys (lists are leaves, the ``hydra`` section and Hydra's ``defaults`` list, which
+holds the embedded layer's slot, are skipped, interpolations stay unresolved);
+the page's table rows are read as ``| `dotted.key` | type | `default` | meaning |``. Defaults are
 compared as YAML values, so ``2.0e-3`` and ``0.002`` agree, ``null`` matches ``None``, and an interpolation matches
 its ``${...}`` text.
 """
@@ -35,6 +36,7 @@ def flatten(tree, prefix=""):
 def yaml_defaults() -> dict:
     tree = OmegaConf.to_container(OmegaConf.load(YAML_PATH), resolve=False)
     tree.pop("hydra", None)
+    tree.pop("defaults", None)  # Hydra's defaults list: which files compose, not a config key
     return flatten(tree)
 
 
@@ -74,14 +76,15 @@ def same_value(doc_value, yaml_value) -> bool:
     return doc_value == yaml_value
 
 
-def test_flatten_skips_nothing_but_hydra():
+def test_flatten_skips_nothing_but_hydra_and_the_defaults_list():
     flat = yaml_defaults()
     # Spot checks by hand against the YAML file: a nested float, an interpolation, a list, a null.
     assert flat["actor_rollout_ref.actor.optim.initial_loss_scale"] == 4294967296.0
     assert flat["actor_rollout_ref.rollout.response_length"] == "${data.max_response_length}"
-    assert flat["trainer.logger"] == ["console", "jsonl"]
+    assert flat["trainer.logger"] == ["console", "wandb"]
     assert flat["data.train_files"] is None
-    assert not any(key.startswith("hydra") for key in flat)
+    assert flat["critic.ppo_mini_batch_size"] == "${actor_rollout_ref.actor.ppo_mini_batch_size}"
+    assert not any(key.startswith(("hydra", "defaults")) for key in flat)
 
 
 def test_same_value_compares_yaml_forms():

@@ -112,3 +112,36 @@ def test_dp_compute_proto_needs_a_dataproto_of_one_length():
 def test_dp_compute_proto_lists_non_dataproto_outputs():
     plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(4),), {})
     assert plan.collect([{"loss": 1.0}, {"loss": 2.0}]) == [{"loss": 1.0}, {"loss": 2.0}]
+
+
+# tensor parallelism 2 over 4 ranks: ranks 0, 1 are data-parallel rank 0 and ranks 2, 3 data-parallel rank 1
+TP2_OF_4 = [(0, True), (0, False), (1, True), (1, False)]
+
+
+def test_data_parallel_layout_shares_chunks_within_a_group_and_collects_once():
+    # 5 rows over 2 data-parallel ranks: padded to 6, chunks [0, 1, 2] and [3, 4, 0], each to both ranks of a group
+    plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 4, (make_batch(5),), {}, TP2_OF_4)
+    assert plan.ranks == [0, 1, 2, 3]
+    assert [args[0].batch["x"].tolist() for args in plan.args] == [[0, 1, 2], [0, 1, 2], [3, 4, 0], [3, 4, 0]]
+    # the non-collecting ranks' outputs are dropped: marked with 100 + row, they never appear
+    outputs = [
+        make_batch(3) if collects else DataProto.from_dict(tensors={"x": torch.arange(100, 103)})
+        for _, collects in TP2_OF_4
+    ]
+    outputs[2] = DataProto.from_dict(tensors={"x": torch.tensor([3, 4, 0])})
+    assert plan.collect(outputs).batch["x"].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_data_parallel_layout_collects_metrics_from_one_rank_per_group():
+    plan = plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 4, (make_batch(4),), {}, TP2_OF_4)
+    assert plan.collect(["dp0", "dp0-peer", "dp1", "dp1-peer"]) == ["dp0", "dp1"]
+
+
+def test_data_parallel_layout_leaves_other_modes_alone():
+    plan = plan_call(spec_of(Dispatch.ONE_TO_ALL), 4, (1,), {}, TP2_OF_4)
+    assert plan.ranks == [0, 1, 2, 3] and plan.collect([1, 2, 3, 4]) == [1, 2, 3, 4]
+
+
+def test_a_data_parallel_layout_without_one_collector_per_group_is_refused():
+    with pytest.raises(ValueError, match="exactly one collecting rank each"):
+        plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(2),), {}, [(0, False), (0, False)])

@@ -51,10 +51,19 @@ def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
         "trainer.total_training_steps=3",
         "trainer.plot=true",
         "actor_rollout_ref.actor.recompute_old_log_prob=true",
+        "trainer.log_val_generations=2",
+        "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=2",
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = train_records(out_dir)
     assert [r["step"] for r in records] == [1, 2, 3]
+    # validation before training, at step 2 (test_freq) and at the last step: the first 2 samples of each, as text
+    samples = [json.loads(line) for line in (out_dir / "val_generations.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0, 0, 2, 2, 3, 3]
+    assert all(s["input"].endswith("=") and isinstance(s["score"], float) for s in samples)  # the task's prompts
+    # a checkpoint after every step, the two newest kept
+    assert sorted(p.name for p in out_dir.glob("global_step_*")) == ["global_step_2", "global_step_3"]
     assert all("timing_s/old_log_prob" in r for r in records)  # the separate pass, asked for
     # the engine's log-probs against the old-log-prob pass's: same weights, same autocast, so a tiny gap
     assert all(0 <= r["training/rollout_probs_diff_mean"] < 1e-2 for r in records)
@@ -124,6 +133,7 @@ def test_rollout_correction_weights_and_rejects_and_reports_the_mismatch(tmp_pat
         tmp_path,
         "trainer.total_training_steps=2",
         "trainer.test_freq=-1",
+        "actor_rollout_ref.actor.strategy=dp",  # the hf rollout samples from a plain Hugging Face actor
         "actor_rollout_ref.rollout.name=hf",  # generation from the fp32 weights, the trainer under fp16 autocast
         "algorithm.rollout_correction.rollout_is=token",
         "algorithm.rollout_correction.rollout_rs=sequence",

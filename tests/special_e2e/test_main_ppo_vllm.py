@@ -79,3 +79,19 @@ def test_dp_fp16_run_syncs_the_engine_and_resumes_exactly(tmp_path):
     want = load_file(straight_dir / "global_step_4" / "actor" / "model.safetensors")
     got = load_file(resumed_dir / "global_step_4" / "actor" / "model.safetensors")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_dp_lora_run_syncs_the_merged_weights_into_the_engine(tmp_path):
+    # LoRA (rank 8 on every linear layer): the engine runs the plain model, and after each successful update it
+    # gets W + (alpha / r) B A; the mismatch stays at fp16 rounding only if those merged weights are the trainer's
+    proc, out_dir = run_vllm(
+        tmp_path,
+        "dp",
+        "trainer.total_training_steps=3",
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.actor.optim.lr=5e-2",  # adapters start at B = 0: a large step moves the policy visibly
+        name="lora",
+    )
+    check_syncs(proc, out_dir, 3)
+    assert "LoRA:" in proc.stdout + proc.stderr  # the worker built adapters

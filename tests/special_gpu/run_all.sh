@@ -11,7 +11,7 @@
 #      at a time), and each of its tests prints one line: "CHECK <file>::<test>: PASS|FAIL (<s>s) <figures>".
 # A skipped GPU test is a FAIL: on this machine a skip is a check that did not run. The one exception is by design:
 # vLLM cannot run on the lent machine (its CUDA wheel pins another torch and is far over what a call carries), so
-# the vLLM rollout's file gets a "NOT RUN BY DESIGN" line of its own and counts as no failure.
+# the vLLM rollout's files (VLLM_FILES) get a "NOT RUN BY DESIGN" line each and count as no failure.
 #
 # --rehearse runs the same script on a machine without a GPU: the same install, into a scratch folder (for
 # CPython 3.12 whatever the local Python), every GPU test file collected with the GPU image's package set imposed
@@ -47,7 +47,7 @@ LOG_DIR=$(mktemp -d "${TMPDIR:-/tmp}/verl_gpu_checks.XXXXXX")
 SITE_DIR=$LOG_DIR/site
 mkdir -p "$LOG_DIR/tmp"
 # checks that cannot run on the lent machine by design, and why
-VLLM_FILES=" tests/workers/rollout/test_vllm_rollout.py "
+VLLM_FILES=" tests/workers/rollout/test_vllm_rollout.py tests/workers/rollout/test_vllm_tensor_parallel.py "
 VLLM_WHY="vLLM cannot run on this machine: its CUDA wheel pins another torch and is far over the 64 MiB a call carries"
 # a few threads per test process: several run at once on the machine's 16 cores
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} PYTHONUNBUFFERED=1

@@ -114,3 +114,17 @@ def test_checkpoint_restores_megatron_loss_scaler_and_handler(tmp_path):
     # the restored fp32 main weights must be the trained ones: the next update of both is the same
     torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
     assert restored.update_policy(batch)["actor/update_failed"] == actor.update_policy(batch)["actor/update_failed"]
+
+
+def test_fused_kernels_through_the_megatron_schedule_match_the_plain_logits():
+    # model.use_fused_kernels on the GPU path: megatron-core's schedule runs the model, whose output layer computes
+    # the log-probs chunk by chunk; bf16 (no loss-scale warm-up), so the first update applies on both
+    plain = gpu_actor(dtype="bfloat16", entropy_coeff=0.01)
+    fused = gpu_actor(dtype="bfloat16", entropy_coeff=0.01, use_fused_kernels=True)
+    batch = cuda_batch(plain)
+    got, _ = fused.compute_log_prob(batch)
+    # the same bf16 products in both; only the fp32 softmax sums are grouped by chunk
+    torch.testing.assert_close(got, batch.batch["old_log_probs"], atol=2e-2, rtol=0)
+    plain_metrics, fused_metrics = plain.update_policy(batch), fused.update_policy(batch)
+    assert plain_metrics["actor/update_failed"] == fused_metrics["actor/update_failed"] == 0.0
+    assert fused_metrics["actor/grad_norm"] == pytest.approx(plain_metrics["actor/grad_norm"], rel=2e-2)

@@ -42,8 +42,6 @@ BAD_VALUES = [
     ("+trainer.totl_training_steps=5", "trainer.totl_training_steps"),
     ("+foo.bar=1", "foo"),
     (f"{A}.fault_injection.ranks=[5]", f"{A}.fault_injection.ranks"),  # one worker: rank 5 never exists
-    # a missing model directory: one clean message, not four tracebacks
-    ("actor_rollout_ref.model.path=/no/such/model", "actor_rollout_ref.model.path"),
 ]
 
 
@@ -62,6 +60,15 @@ def test_bad_value_exits_2_before_ray_and_names_the_full_key(caplog, tmp_path, o
     code, message = run_and_capture(caplog, [override], tmp_path)
     assert code == EXIT_BAD_CONFIG
     assert key in message and message.startswith("Bad config:"), message
+
+
+def test_a_missing_model_directory_is_one_clean_message(caplog, tmp_path):
+    # the embedded run's sizes on another model path (verl's defaults would first ask for the micro-batch sizes)
+    overrides = ["actor_rollout_ref.model.path=/no/such/model", "embedded@_global_=tiny_grpo_fp16"]
+    code, message = run_and_capture(caplog, overrides, tmp_path)
+    assert code == EXIT_BAD_CONFIG
+    assert message.startswith("Bad config: actor_rollout_ref.model.path='/no/such/model' does not load"), message
+    assert "Traceback" not in message
 
 
 def test_custom_score_fn_error_names_its_key(caplog, tmp_path):
@@ -155,3 +162,26 @@ def test_the_message_names_the_key_hydra_refused_not_another_known_one():
     with pytest.raises(ValueError) as info:
         compose_from_command_line(["trainer.totl_training_steps=5", "critic.warmup_steps=3"], CONFIG_DIR, "ppo_trainer")
     assert "trainer.totl_training_steps" in str(info.value) and "critic_warmup" not in str(info.value)
+
+
+@pytest.mark.parametrize("config_path", ["config", "./config"])
+@pytest.mark.parametrize("config_name", ["ppo_megatron_trainer", "ppo_megatron_trainer.yaml"])
+def test_relative_config_path_resolves_against_verl_trainer_as_in_verl(tmp_path, monkeypatch, config_path, config_name):
+    # verl's scripts say --config-path=config: Hydra resolves it against verl/trainer/, wherever the user stands
+    from verl.trainer.main_ppo import CONFIG_DIR, parse_command_line
+
+    monkeypatch.chdir(tmp_path)  # no ./config here: only verl/trainer/config can be meant
+    argv = [f"--config-path={config_path}", f"--config-name={config_name}"]
+    composed = parse_command_line(argv, CONFIG_DIR, "ppo_trainer")
+    assert composed.config.actor_rollout_ref.actor.strategy == "megatron"  # ppo_megatron_trainer.yaml's own
+
+
+def test_absolute_config_path_is_taken_as_given(tmp_path):
+    from verl.trainer.main_ppo import CONFIG_DIR, parse_command_line
+
+    (tmp_path / "mine.yaml").write_text(
+        "defaults:\n  - ppo_trainer\n  - _self_\nhydra:\n  searchpath:\n"
+        "    - pkg://verl.trainer.config\ntrainer:\n  total_epochs: 7\n"
+    )
+    composed = parse_command_line([f"--config-path={tmp_path}", "--config-name=mine"], CONFIG_DIR, "ppo_trainer")
+    assert composed.config.trainer.total_epochs == 7

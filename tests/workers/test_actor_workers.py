@@ -129,3 +129,28 @@ def test_the_dp_models_run_their_cpu_linear_layers_on_onednn_unless_switched_off
     assert linear_types(off.actor.model_module()) == {torch.nn.Linear}
     critic_off = build(DPCriticWorker, "algorithm.adv_estimator=gae", "critic.model.use_onednn_linear=false")
     assert linear_types(critic_off.critic.critic_module) == {torch.nn.Linear}
+
+
+@pytest.mark.parametrize(("actor_compile", "ref_compile"), [("true", "false"), ("false", "true")])
+def test_the_reference_compiles_as_ref_use_torch_compile_says(monkeypatch, actor_compile, ref_compile):
+    import verl.workers.actor.dp_actor as dp_actor
+
+    monkeypatch.setattr(dp_actor, "COMPILE_BACKEND", "eager")  # the wrapping is the point, not inductor's code
+    config = compose_ppo_config(
+        [
+            "actor_rollout_ref.actor.strategy=dp",
+            "actor_rollout_ref.ref.enable=true",
+            f"actor_rollout_ref.actor.use_torch_compile={actor_compile}",
+            f"actor_rollout_ref.ref.use_torch_compile={ref_compile}",
+        ]
+    )
+    worker = worker_classes("dp")[0](config, total_training_steps=4)
+    worker.init_model()
+    # verl's key of its own for the reference: set apart from the actor's, each model gets what its key says
+    assert isinstance(worker.actor._call_module, dp_actor.CompiledModuleCall) == (actor_compile == "true")
+    assert isinstance(worker.ref._call_module, dp_actor.CompiledModuleCall) == (ref_compile == "true")
+
+
+def test_ref_use_torch_compile_follows_the_actors_unless_set():
+    config = compose_ppo_config(["actor_rollout_ref.actor.use_torch_compile=true"])
+    assert config.actor_rollout_ref.ref.use_torch_compile

@@ -197,13 +197,71 @@ class CallPlan:
     collect: Callable[[list], Any]
 
 
-def plan_call(spec: RegisterSpec, world_size: int, args: tuple, kwargs: dict) -> CallPlan:
+def check_data_parallel_layout(layout: list[tuple[int, bool]]) -> int:
+    """Check a per-rank ``(data-parallel rank, collects)`` layout; returns the data-parallel size.
+
+    Every data-parallel rank ``0 .. D-1`` must appear, and exactly one rank of each must collect (return the
+    results of its data-parallel group; the others compute the same rows, e.g. tensor-parallel peers).
+
+    Raises:
+        ValueError: a layout that breaks those rules.
+    """
+    dp_ranks = sorted({dp_rank for dp_rank, _ in layout})
+    collectors = sorted(dp_rank for dp_rank, collects in layout if collects)
+    if dp_ranks != list(range(len(dp_ranks))) or collectors != dp_ranks:
+        raise ValueError(
+            f"data-parallel layout {layout} must name data-parallel ranks 0..D-1 with exactly one collecting rank "
+            "each; the workers' data_parallel_layout() disagree with each other."
+        )
+    return len(dp_ranks)
+
+
+def _plan_data_parallel(rule: DispatchRule, layout: list[tuple[int, bool]], args: tuple, kwargs: dict) -> CallPlan:
+    """DP_COMPUTE_PROTO over data-parallel groups: chunk per data-parallel rank, every rank of a group gets its
+    group's chunk, and the results come from each group's collecting rank, in data-parallel order."""
+    dp_size = check_data_parallel_layout(layout)
+    per_dp_args, per_dp_kwargs, context = rule.dispatch(dp_size, args, kwargs)
+    ranks = list(range(len(layout)))
+    collectors = {dp_rank: rank for rank, (dp_rank, collects) in enumerate(layout) if collects}
+    order = [collectors[dp_rank] for dp_rank in range(dp_size)]
+
+    def collect(outputs: list) -> Any:
+        by_rank = dict(zip(ranks, outputs, strict=True))
+        return rule.collect([by_rank[rank] for rank in order], context)
+
+    return CallPlan(
+        ranks,
+        [per_dp_args[dp_rank] for dp_rank, _ in layout],
+        [per_dp_kwargs[dp_rank] for dp_rank, _ in layout],
+        collect,
+    )
+
+
+def plan_call(
+    spec: RegisterSpec,
+    world_size: int,
+    args: tuple,
+    kwargs: dict,
+    data_parallel_layout: list[tuple[int, bool]] | None = None,
+) -> CallPlan:
     """Apply the dispatch rule and the execute mode of ``spec`` to one driver call.
+
+    Args:
+        spec: the method's dispatch and execute modes.
+        world_size: the number of ranks.
+        args: the driver's positional arguments.
+        kwargs: the driver's keyword arguments.
+        data_parallel_layout: per rank, ``(data-parallel rank, collects)`` when several ranks share their data
+            (model parallelism); DP_COMPUTE_PROTO then splits over data-parallel ranks. None: every rank is its
+            own data-parallel rank.
 
     Raises:
         ValueError: when the arguments do not fit the dispatch mode (see the dispatch functions).
     """
     rule = DISPATCH_TABLE[spec.dispatch_mode]
+    sharing = data_parallel_layout is not None and any(not collects for _, collects in data_parallel_layout)
+    if sharing and spec.dispatch_mode is Dispatch.DP_COMPUTE_PROTO and spec.execute_mode is Execute.ALL:
+        return _plan_data_parallel(rule, data_parallel_layout, args, kwargs)
     per_rank_args, per_rank_kwargs, context = rule.dispatch(world_size, args, kwargs)
     if rule.rank_zero_only:
         return CallPlan([0], per_rank_args, per_rank_kwargs, lambda outputs: rule.collect(outputs, context))

@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl.single_controller.decorator import RegisterSpec, get_register_spec, plan_call
+from verl.single_controller.decorator import RegisterSpec, check_data_parallel_layout, get_register_spec, plan_call
 from verl.single_controller.placement import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementError, RayResourcePool
 from verl.single_controller.results import PendingResult, WorkerDiedError, death_reason, get_all
 from verl.single_controller.timing import CallTiming, CallTimings
@@ -98,6 +98,7 @@ class RayWorkerGroup:
         self._workers: list = []
         self._placement: list[dict] = []  # per rank: node_id, node_ip, pid, ... as the worker reported them
         self._timings = CallTimings()
+        self._data_parallel_layout: list[tuple[int, bool]] | None = None
         specs = self._registered_methods(self._cls)
         try:
             self._start_workers(ray_cls_with_init)
@@ -202,7 +203,7 @@ class RayWorkerGroup:
     def _call(self, method_name: str, spec: RegisterSpec, args: tuple, kwargs: dict) -> PendingResult:
         """Split the arguments per the dispatch mode and start ``method_name`` on the selected ranks."""
         start = time.perf_counter()
-        plan = plan_call(spec, self.world_size, args, kwargs)
+        plan = plan_call(spec, self.world_size, args, kwargs, self._data_parallel_layout)
         refs = []
         for rank, rank_args, rank_kwargs in zip(plan.ranks, plan.args, plan.kwargs, strict=True):
             packed_args = [pack(value) for value in rank_args]
@@ -223,6 +224,22 @@ class RayWorkerGroup:
     @property
     def world_size(self) -> int:
         return self._pool.num_workers
+
+    def set_data_parallel_layout(self, layout: list[tuple[int, bool]] | None) -> None:
+        """Per rank, ``(data-parallel rank, collects)``: ranks of one model-parallel group receive the same rows
+        and one of them returns the results (see :func:`~verl.single_controller.decorator.plan_call`); None
+        makes every rank its own data-parallel rank again.
+
+        Raises:
+            ValueError: a layout of the wrong length, or one that breaks the rules of
+                :func:`~verl.single_controller.decorator.check_data_parallel_layout`.
+        """
+        if layout is not None:
+            layout = [(int(dp_rank), bool(collects)) for dp_rank, collects in layout]
+            if len(layout) != self.world_size:
+                raise ValueError(f"data-parallel layout has {len(layout)} entries for {self.world_size} ranks")
+            check_data_parallel_layout(layout)
+        self._data_parallel_layout = layout
 
     @property
     def workers(self) -> list:

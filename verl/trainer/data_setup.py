@@ -47,6 +47,7 @@ class TrainingData:
     val_batches: list[DataProto]
     reward_fn: Any
     num_train_prompts: int
+    tokenizer: Any = None  # decodes the validation samples the trainer logs (trainer.log_val_generations)
 
 
 def _datasets(config: PPOConfig, tokenizer):
@@ -59,7 +60,8 @@ def _datasets(config: PPOConfig, tokenizer):
             files,
             prompt_key=data.prompt_key,
             data_source_key=data.reward_fn_key,
-            render_chat=chat_renderer(tokenizer),
+            render_chat=chat_renderer(tokenizer, dict(data.apply_chat_template_kwargs)),
+            media_keys=(data.image_key, data.video_key),
         )
 
     if data.train_files is None:
@@ -125,7 +127,7 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
     from verl.utils.dataset import PromptCollator, StatefulPromptLoader
 
     model_cfg = config.actor_rollout_ref.model
-    tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path)
+    tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, config.data.trust_remote_code)
     data = config.data
     collate = PromptCollator(
         tokenizer, data.max_prompt_length, truncation=data.truncation, return_raw_chat=data.return_raw_chat
@@ -159,4 +161,6 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
         val_batches = [collated_to_dataproto(collate(rows[i : i + size])) for i in range(0, num_val - size + 1, size)]
     # validate the first batch now: a prompt too long for max_prompt_length fails here, not in a worker
     collate([train[i] for i in range(min(len(train), int(config.data.train_batch_size)))])
-    return TrainingData(PromptBatches(loader), val_batches, build_reward_fn(config, tokenizer), len(train))
+    return TrainingData(
+        PromptBatches(loader), val_batches, build_reward_fn(config, tokenizer), len(train), tokenizer=tokenizer
+    )

@@ -76,12 +76,13 @@ def check_model_path(config: PPOConfig) -> None:
     """The model (and tokenizer) directory must load as a Hugging Face config, checked before Ray starts."""
     from verl.models.loading import load_hf_config
 
-    paths = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model.path)]
+    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model)]
     if config.needs_critic:
-        paths.append(("critic.model.path", config.critic.model.path))
-    for key, path in paths:
+        models.append(("critic.model.path", config.critic.model))
+    for key, model in models:
+        path = model.path
         try:
-            load_hf_config(path)
+            load_hf_config(path, model.trust_remote_code)
         except Exception as err:  # whatever transformers raises for a bad path, the user needs the key and the value
             first_line = str(err).splitlines()[0] if str(err) else ""
             raise ValueError(
@@ -297,6 +298,7 @@ def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempt
             num_steps,
             resume_from=attempts.resume_from,
             restarts=attempts.restarts,
+            tokenizer=data.tokenizer,
         )
         attempts.trainer.fit()
     except WorkerDiedError:
@@ -379,6 +381,10 @@ def parse_command_line(argv: Sequence[str], config_dir: Path, config_name: str) 
     """The command line's config: ``--config-path``/``--config-name`` (defaulting to ``config_dir`` and
     ``config_name``) composed with the ``key=value`` overrides of ``argv``, and that file's defaults.
 
+    A relative ``--config-path`` is resolved as verl's Hydra entry point resolves it: against the directory of this
+    file (``verl/trainer/``), not the working directory, so verl's ``--config-path=config
+    --config-name=ppo_megatron_trainer`` finds ``verl/trainer/config/ppo_megatron_trainer.yaml`` from anywhere.
+
     Raises:
         ValueError: an unknown option, a malformed override, or a key the config does not have.
     """
@@ -390,9 +396,16 @@ def parse_command_line(argv: Sequence[str], config_dir: Path, config_name: str) 
     if unknown:
         raise ValueError(f"unknown command-line option(s) {unknown}; pass settings as key=value overrides.")
     try:
-        return compose_with_defaults(args.overrides, args.config_name, Path(args.config_path))
+        return compose_with_defaults(args.overrides, args.config_name, resolve_config_path(args.config_path))
     except ValueError as err:
         raise ValueError(_explain_override_error(args.overrides, str(err)) or str(err)) from None
+
+
+def resolve_config_path(config_path: str | Path) -> Path:
+    """``--config-path`` as Hydra resolves it for verl's ``main_ppo``: absolute as given, relative against
+    ``verl/trainer/`` (the directory of the file that declares the entry point)."""
+    path = Path(config_path).expanduser()
+    return path if path.is_absolute() else (Path(__file__).parent / path).resolve()
 
 
 def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name: str) -> DictConfig:

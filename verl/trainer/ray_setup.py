@@ -91,10 +91,12 @@ def worker_classes(strategy: str):
 
 
 def build_worker_groups(config: PPOConfig, num_steps: int):
-    """The actor (+rollout, +ref) worker group and, when a value model is needed, the critic group.
+    """The actor (+rollout, +ref) worker group, the critic group when a value model is needed, and the reward-model
+    group with ``reward_model.enable`` (:class:`~verl.workers.reward_model.RewardModelWorker`): ``(actor, critic or
+    None, reward model or None)``.
 
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the two groups share
-    one resource pool, so rank ``r`` of both runs in the same bundle (same node, same GPU). On failure, whatever
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the groups share
+    one resource pool, so rank ``r`` of each runs in the same bundle (same node, same GPU). On failure, whatever
     was started is torn down before the error propagates.
 
     Raises:
@@ -110,7 +112,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
 
     trainer = config.trainer
     use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
-    groups = 2 if config.needs_critic else 1
+    groups = 1 + int(config.needs_critic) + int(config.reward_model.enable)
     cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups)
     pool = RayResourcePool(
         config.world_size,
@@ -122,21 +124,35 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     )
     started = []
 
-    def start(worker_cls, name_prefix: str):
+    def start(worker_cls, name_prefix: str, collective_timeout_s: float):
         group = RayWorkerGroup(
             pool,
             RayClassWithInitArgs(worker_cls, config, num_steps),
             name_prefix=name_prefix,
-            collective_timeout_s=config.trainer.collective_timeout_s,
+            collective_timeout_s=collective_timeout_s,
         )
         started.append(group)
         for line in group.init_model():
             logger.info("%s", line)
+        # ranks of one model-parallel group share their rows (megatron tensor parallelism)
+        group.set_data_parallel_layout(group.execute_all("data_parallel_layout"))
         return group
 
     try:
-        actor_wg = start(worker_classes(config.actor_rollout_ref.actor.strategy)[0], "actor_rollout_ref")
-        critic_wg = start(worker_classes(config.critic_strategy)[1], "critic") if groups == 2 else None
+        # verl's actor_rollout_ref.nccl_timeout is the actor group's collective timeout (null: the trainer's)
+        actor_timeout_s = config.actor_rollout_ref.nccl_timeout or config.trainer.collective_timeout_s
+        actor_cls = worker_classes(config.actor_rollout_ref.actor.strategy)[0]
+        actor_wg = start(actor_cls, "actor_rollout_ref", actor_timeout_s)
+        critic_wg = (
+            start(worker_classes(config.critic_strategy)[1], "critic", config.trainer.collective_timeout_s)
+            if config.needs_critic
+            else None
+        )
+        reward_model_wg = None
+        if config.reward_model.enable:
+            from verl.workers.reward_model import RewardModelWorker
+
+            reward_model_wg = start(RewardModelWorker, "reward_model", config.trainer.collective_timeout_s)
     except PlacementError as err:
         shutdown_groups(*started)
         raise PlacementError(
@@ -148,7 +164,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     except BaseException:
         shutdown_groups(*started)
         raise
-    return actor_wg, critic_wg
+    return actor_wg, critic_wg, reward_model_wg
 
 
 def cpus_per_worker(nnodes: int, workers_per_node: int) -> float:

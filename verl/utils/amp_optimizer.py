@@ -12,6 +12,12 @@ the run stalls silently) and hysteresis (the number of overflows tolerated befor
 leaves the weights, the moments and the optimizer's step count untouched, because ``optimizer.step()`` is simply
 not called. With several data-parallel ranks the gradients are
 averaged before the check and the verdict is all-reduced, so every rank takes the same decision.
+
+Tensor parallelism (megatron-core's layers, each rank holding a shard of the weights): the gradient norm is
+global over the shards, each weight counted once (a weight megatron marks ``tensor_model_parallel`` adds its
+shard's squares over the tensor-parallel group; a replicated one, identical on every rank, is counted once), and
+the verdict is all-reduced over the whole world (every tensor- and data-parallel rank), so a NaN on one shard makes
+every rank skip the same step.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class AmpOptimizer:
         loss_scale: dynamic loss-scale settings, or None for fp32/bf16 (no scaling).
         process_group: data-parallel group whose gradients are averaged; None = the default group when
             torch.distributed is initialised with more than one rank.
+        tensor_parallel_group: the tensor-parallel group of a model whose weights are split over ranks (None: the
+            model is whole on every rank); the norm is then summed over it and the verdict agreed by the world.
     """
 
     def __init__(
@@ -76,11 +84,15 @@ class AmpOptimizer:
         clip_grad: float = 1.0,
         loss_scale: LossScaleConfig | None = None,
         process_group: Any = None,
+        tensor_parallel_group: Any = None,
     ):
         self.optimizer = optimizer
         self.clip_grad = float(clip_grad)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.process_group = process_group
+        self.tensor_parallel_group = tensor_parallel_group
+        # the default group would average gradients across tensor-parallel ranks, whose shards differ
+        assert tensor_parallel_group is None or process_group is not None, "a split model needs its data-parallel group"
         self.loss_scale = DynamicLossScale(loss_scale) if loss_scale is not None else None
 
     # ------------------------------------------------------------------ the megatron-core interface
@@ -120,11 +132,19 @@ class AmpOptimizer:
                 param.grad.mul_(inv_scale)
         max_norm = self.clip_grad if self.clip_grad > 0 else math.inf
         # An overflow anywhere makes the global norm inf or NaN: the norm is the overflow check, in one pass.
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        if self.tensor_parallel_group is None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        else:
+            grad_norm = self._tensor_parallel_norm(params)
+            if params:
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
         verdict = torch.stack([(~torch.isfinite(grad_norm)).float(), grad_norm.float()])
-        if world > 1:  # gradients are already averaged; this makes the decision identical even if one rank errs
+        verdict_group = self.process_group if self.tensor_parallel_group is None else None  # None: the world
+        if world > 1 or self.tensor_parallel_group is not None:
+            # gradients are already averaged; this makes the decision identical even if one rank errs, and over
+            # tensor-parallel ranks, whose shards differ
             flag = verdict[:1].clone()
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=verdict_group)
             verdict[:1] = flag
         nonfinite, norm_value = verdict.tolist()
         successful = nonfinite == 0
@@ -137,6 +157,20 @@ class AmpOptimizer:
         return True, norm_value, None
 
     # ------------------------------------------------------------------ helpers and state
+
+    def _tensor_parallel_norm(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """Global L2 norm of a tensor-parallel model's gradients: split weights' squares summed over the group,
+        replicated weights (identical on every rank of the group) counted once."""
+        split = torch.zeros((), dtype=torch.float32)
+        replicated = torch.zeros((), dtype=torch.float32)
+        for param in params:
+            squares = param.grad.detach().float().pow(2).sum().cpu()
+            if getattr(param, "tensor_model_parallel", False):
+                split += squares
+            else:
+                replicated += squares
+        dist.all_reduce(split, group=self.tensor_parallel_group)
+        return (split + replicated).sqrt()
 
     def _world_size(self) -> int:
         if not (dist.is_available() and dist.is_initialized()):
@@ -201,15 +235,21 @@ def build_scheduler(torch_optimizer: torch.optim.Optimizer, optim: OptimConfig, 
 
     return build_lr_scheduler(
         torch_optimizer,
-        optim.lr_scheduler,
-        num_warmup_steps=optim.lr_warmup_steps,
+        optim.scheduler_name(),
+        num_warmup_steps=optim.num_warmup_steps(total_training_steps),
         num_training_steps=max(total_training_steps, 1),
         min_lr_ratio=optim.min_lr_ratio,
     )
 
 
 def build_amp_optimizer(
-    params, optim: OptimConfig, *, dtype: torch.dtype, total_training_steps: int, process_group: Any = None
+    params,
+    optim: OptimConfig,
+    *,
+    dtype: torch.dtype,
+    total_training_steps: int,
+    process_group: Any = None,
+    tensor_parallel_group: Any = None,
 ):
     """AdamW wrapped in :class:`AmpOptimizer` (loss scaling in fp16), and its LR schedule.
 
@@ -219,6 +259,7 @@ def build_amp_optimizer(
         dtype: the compute dtype; float16 turns on the dynamic loss scale of ``optim``.
         total_training_steps: length of the LR schedule.
         process_group: the data-parallel group gradients are averaged over.
+        tensor_parallel_group: the tensor-parallel group of a model split over ranks (see :class:`AmpOptimizer`).
 
     Returns:
         (optimizer, lr_scheduler)
@@ -226,5 +267,11 @@ def build_amp_optimizer(
     params = list(params)
     adamw = torch.optim.AdamW(params, **adamw_kwargs(optim), fused=_can_fuse(params))
     loss_scale = optim.loss_scale() if dtype == torch.float16 else None
-    optimizer = AmpOptimizer(adamw, clip_grad=optim.clip_grad, loss_scale=loss_scale, process_group=process_group)
+    optimizer = AmpOptimizer(
+        adamw,
+        clip_grad=optim.clip_grad,
+        loss_scale=loss_scale,
+        process_group=process_group,
+        tensor_parallel_group=tensor_parallel_group,
+    )
     return optimizer, build_scheduler(adamw, optim, total_training_steps)

@@ -67,9 +67,12 @@ class RLHFDataset(torch.utils.data.Dataset):
         default_data_source: ``data_source`` for rows of files without that column.
         render_chat: turns a chat (list of messages) into the prompt text, e.g. the tokenizer's chat template
             (:func:`chat_renderer`); None refuses chat prompts.
+        media_keys: columns of verl's multimodal data (``data.image_key``, ``data.video_key``); a row holding
+            images or videos there is refused (multimodal training is out of scope here).
 
     Raises:
-        ValueError: unknown extension, missing file, missing column, or a prompt that is not a string.
+        ValueError: unknown extension, missing file, missing column, a prompt that is not a string, or a row with
+            images or videos.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         data_source_key: str = "data_source",
         default_data_source: str = "unknown",
         render_chat: Callable[[list[dict[str, str]]], str] | None = None,
+        media_keys: Sequence[str] = (),
     ):
         paths = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         if not paths:
@@ -88,6 +92,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         keys = (prompt_key, ground_truth_key, data_source_key, default_data_source)
         for path in paths:
             for record in _read_records(Path(path)):
+                _refuse_media(record, str(path), media_keys)
                 rows.append(_to_row(record, str(path), *keys, render_chat=render_chat))
         self._rows = rows
 
@@ -123,13 +128,28 @@ def _as_chat(value: Any) -> list[dict[str, str]] | None:
     return [{"role": str(m["role"]), "content": m["content"]} for m in value]
 
 
-def chat_renderer(tokenizer) -> Callable[[list[dict[str, str]]], str]:
-    """The tokenizer's chat template (with the assistant's turn opened), or, for a tokenizer without one, the
+def _refuse_media(record: dict[str, Any], where: str, media_keys: Sequence[str]) -> None:
+    """A row with images or videos in a multimodal column is refused: multimodal training is out of scope."""
+    for key in media_keys:
+        value = record.get(key)
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            continue
+        if len(value) if hasattr(value, "__len__") else True:
+            raise ValueError(
+                f"{where}: column {key!r} (data.image_key / data.video_key) holds images or videos: multimodal "
+                "(vision-language) training is out of scope here; use text-only prompts."
+            )
+
+
+def chat_renderer(tokenizer, template_kwargs: dict[str, Any] | None = None) -> Callable[[list[dict[str, str]]], str]:
+    """The tokenizer's chat template (with the assistant's turn opened; ``template_kwargs``, verl's
+    ``data.apply_chat_template_kwargs``, passed on to ``apply_chat_template``), or, for a tokenizer without one, the
     messages' contents joined by newlines."""
+    extra = dict(template_kwargs or {})
 
     def render(messages: list[dict[str, str]]) -> str:
         if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
         return "\n".join(m["content"] for m in messages)
 
     return render

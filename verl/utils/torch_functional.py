@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.utils.checkpoint
 from torch.optim.lr_scheduler import LambdaLR
 
 _LOGSUMEXP_CHUNK_ROWS = 1024
@@ -71,6 +72,25 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_rows: int = 2048) -> torch.Tensor:
+    """:func:`entropy_from_logits` over ``chunk_rows`` rows at a time (``actor.entropy_from_logits_with_chunking``).
+
+    The fp32 copy, softmax and product exist for one chunk at a time instead of the whole (..., V) tensor, which
+    lowers the peak of a pass without gradients; with gradients autograd still keeps each chunk's softmax, unless
+    ``actor.entropy_checkpointing`` recomputes them in the backward pass.
+
+    Args:
+        logits: (..., V), any float dtype.
+        chunk_rows: rows (positions) per chunk.
+
+    Returns:
+        (...) float32 entropy.
+    """
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = [entropy_from_logits(chunk) for chunk in flat.split(chunk_rows)]
+    return torch.cat(parts).view(logits.shape[:-1])
+
+
 def log_prob_temperature(temperature: float) -> float:
     """The temperature at which the log-probs of tokens sampled at ``temperature`` are taken.
 
@@ -93,6 +113,8 @@ def compute_response_log_probs(
     response_length: int,
     temperature: float = 1.0,
     calculate_entropy: bool = False,
+    entropy_chunking: bool = False,
+    entropy_checkpointing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens from full-sequence logits.
 
@@ -103,6 +125,8 @@ def compute_response_log_probs(
         temperature: the rollout's sampling temperature; logits are divided by it (by 1 for greedy decoding, 0:
             see :func:`log_prob_temperature`).
         calculate_entropy: also return the entropy of each predictive distribution.
+        entropy_chunking: the entropy a chunk of positions at a time (:func:`entropy_from_logits_with_chunking`).
+        entropy_checkpointing: recompute the entropy's intermediates in the backward pass instead of keeping them.
 
     Returns:
         (log_probs (B, R) float32, entropy (B, R) float32 or None)
@@ -114,7 +138,13 @@ def compute_response_log_probs(
         response_logits = response_logits / temperature
     labels = input_ids[:, seq_len - response_length :]
     log_probs = logprobs_from_logits(response_logits, labels)
-    entropy = entropy_from_logits(response_logits) if calculate_entropy else None
+    entropy = None
+    if calculate_entropy:
+        entropy_fn = entropy_from_logits_with_chunking if entropy_chunking else entropy_from_logits
+        if entropy_checkpointing and response_logits.requires_grad:
+            entropy = torch.utils.checkpoint.checkpoint(entropy_fn, response_logits, use_reentrant=False)
+        else:
+            entropy = entropy_fn(response_logits)
     return log_probs, entropy
 
 

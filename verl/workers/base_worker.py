@@ -76,6 +76,15 @@ class _ModelWorker(Worker):
     def _trained(self):
         raise NotImplementedError
 
+    def data_parallel_layout(self) -> tuple[int, bool]:
+        """(this rank's data-parallel rank, whether it returns its group's results); called by the driver after
+        ``init_model``. Every rank is its own data-parallel rank here; a model split over ranks overrides it."""
+        return self.rank, True
+
+    def _dp_size(self) -> int:
+        """How many data-parallel ranks split a batch (the world, unless a model is split over ranks)."""
+        return self.world_size
+
     def _device(self) -> str:
         return next(self._trained().model_module().parameters()).device.type
 
@@ -152,22 +161,47 @@ class ActorRolloutRefWorker(_ModelWorker):
         arr = cfg.actor_rollout_ref
         device = setup_worker_process(self)
         torch.manual_seed(arr.actor.seed)
-        actor_config = arr.actor.per_rank(arr.rollout.n, self.world_size)
+        actor_config = arr.actor.per_rank(arr.rollout.n, self._dp_size())
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
         if cfg.needs_reference:
-            self.ref = self._build_actor(actor_config, device, trainable=False)
-        tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path)
+            self.ref = self._build_reference(actor_config, device)
+        tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
         self.rollout = get_rollout_cls(arr.rollout.name)(
             self._rollout_model(),
-            arr.rollout.sampling_options(seed_offset=self.rank),  # ranks sample differently
+            # data-parallel ranks sample differently; ranks sharing a model split over them sample alike
+            arr.rollout.sampling_options(seed_offset=self._rollout_seed_offset()),
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
+        if self._rollout_holds_weights() and arr.rollout.load_format == "dummy":
+            self._sync_rollout_weights()  # the engine started with random weights: the actor's go in before any use
         return (
             f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)}), "
             f"rollout {arr.rollout.name}"
         )
+
+    def _build_reference(self, actor_config: ActorConfig, device: str):
+        """The frozen reference policy: a LoRA actor's own model with its adapters off (no second copy, see
+        :class:`~verl.utils.lora.AdaptersOffReference`), else a frozen copy built by the backend."""
+        if getattr(self.actor, "peft_model", None) is not None:
+            from verl.utils.lora import AdaptersOffReference
+
+            return AdaptersOffReference(self.actor)
+        ref = self.config.actor_rollout_ref.ref
+        ref_config = actor_config.replace(
+            use_torch_compile=ref.use_torch_compile,
+            entropy_from_logits_with_chunking=ref.entropy_from_logits_with_chunking,
+        )
+        return self._build_actor(ref_config, device, trainable=False)
+
+    def _rollout_seed_offset(self) -> int:
+        """The rollout's seed offset: a vLLM engine's index (the ranks of one tensor-parallel engine send it the
+        same requests), else this rank's data-parallel rank."""
+        from verl.workers.rollout.vllm_engine import engine_index
+
+        rollout = self.config.actor_rollout_ref.rollout
+        return engine_index(rollout, self.rank) if rollout.name == "vllm" else self.data_parallel_layout()[0]
 
     def _rollout_model(self):
         """What the rollout samples from: the actor's own model, in the training precision (``naive``: the actor's
@@ -179,7 +213,8 @@ class ActorRolloutRefWorker(_ModelWorker):
         if rollout.name == "vllm":
             from verl.workers.rollout.vllm_engine import build_vllm_engine
 
-            return build_vllm_engine(self.config, seed=rollout.seed + self.rank, device=self._device())
+            seed = rollout.seed + self._rollout_seed_offset()
+            return build_vllm_engine(self.config, seed=seed, device=self._device())
         return self.actor.incremental_decoder()
 
     # ------------------------------------------------------------------ the RL step
@@ -201,6 +236,8 @@ class ActorRolloutRefWorker(_ModelWorker):
         output.meta_info["temperature"] = prompts.meta_info.get(
             "temperature", self.config.actor_rollout_ref.rollout.temperature
         )
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            output.batch.pop("rollout_log_probs", None)  # verl's calculate_log_probs=false: not in the batch
         return output
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
@@ -298,7 +335,12 @@ class ActorRolloutRefWorker(_ModelWorker):
         """Send the actor's weights into the rollout; returns the seconds it took."""
         start = time.perf_counter()
         with torch.no_grad():
-            self.rollout.load_weights(self._iter_hf_weights())
+            weights = self._iter_hf_weights()
+            if getattr(self.actor, "peft_model", None) is not None:  # LoRA: the merged weights, under plain names
+                from verl.utils.lora import lora_scalings, merged_lora_weights
+
+                weights = merged_lora_weights(weights, lora_scalings(self.actor.model_module()))
+            self.rollout.load_weights(weights)
         return time.perf_counter() - start
 
     # ------------------------------------------------------------------ checkpoint state of this rank
@@ -348,7 +390,7 @@ class CriticWorker(_ModelWorker):
         device = setup_worker_process(self)
         cfg = self.config
         torch.manual_seed(cfg.critic.seed)
-        self.critic = self._build_critic(cfg.critic.per_rank(cfg.actor_rollout_ref.rollout.n, self.world_size), device)
+        self.critic = self._build_critic(cfg.critic.per_rank(cfg.actor_rollout_ref.rollout.n, self._dp_size()), device)
         self.critic.model_module().train()
         return f"rank {self.rank}: {type(self.critic).__name__} on {device}"
 

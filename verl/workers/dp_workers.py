@@ -23,12 +23,19 @@ class DPActorRolloutRefWorker(ActorRolloutRefWorker):
         from verl.models.loading import load_hf_causal_lm
 
         model_config = self.config.actor_rollout_ref.model
-        module = load_hf_causal_lm(model_config.path, dtype=torch.float32, device=device)
+        module = load_hf_causal_lm(
+            model_config.path, dtype=torch.float32, device=device, trust_remote_code=model_config.trust_remote_code
+        )
         if model_config.use_onednn_linear:
             use_onednn_linear(module, device)
+        peft_model = None
+        if trainable and model_config.uses_lora:
+            from verl.utils.lora import add_lora_adapters
+
+            peft_model = add_lora_adapters(module, model_config)  # in place; freezes the base weights
         if trainable and model_config.enable_gradient_checkpointing:
             enable_gradient_checkpointing(module)
-        return build_dp_actor(
+        actor = build_dp_actor(
             actor_config,
             module,
             total_training_steps=self.total_training_steps,
@@ -37,6 +44,8 @@ class DPActorRolloutRefWorker(ActorRolloutRefWorker):
             process_group=_process_group(),
             use_remove_padding=model_config.use_remove_padding,
         )
+        actor.peft_model = peft_model
+        return actor
 
 
 class DPCriticWorker(CriticWorker):

@@ -96,10 +96,18 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
 
         arr = self.config.actor_rollout_ref
         # in CPU memory: fully_shard moves only this rank's shards to the device
-        module = load_hf_causal_lm(arr.model.path, dtype=torch.float32, device="cpu")
+        module = load_hf_causal_lm(
+            arr.model.path, dtype=torch.float32, device="cpu", trust_remote_code=arr.model.trust_remote_code
+        )
         if arr.model.use_onednn_linear:
             use_onednn_linear(module, device)
-        return build_fsdp_actor(
+        peft_model = None
+        if trainable and arr.model.uses_lora:
+            from verl.utils.lora import add_lora_adapters
+
+            # before sharding: FSDP2 then shards the adapters with their layers (frozen base weights included)
+            peft_model = add_lora_adapters(module, arr.model)
+        actor = build_fsdp_actor(
             actor_config,
             module,
             mesh=self._device_mesh(device),
@@ -110,6 +118,8 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
             use_remove_padding=arr.model.use_remove_padding,
             rank=self.rank,
         )
+        actor.peft_model = peft_model
+        return actor
 
     def _save_extras(self, directory: Path) -> None:
         """The tokenizer next to the Hugging Face export, so that the export is a complete model directory."""
@@ -118,7 +128,7 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
             from verl.models.loading import load_tokenizer
 
             model = self.config.actor_rollout_ref.model
-            load_tokenizer(model.tokenizer_path or model.path).save_pretrained(export)
+            load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code).save_pretrained(export)
 
 
 class FSDPCriticWorker(_FSDPWorkerMixin, CriticWorker):

@@ -3,32 +3,110 @@
 Which training path runs (megatron-core's optimizer, DDP and schedules on CUDA; the torch.optim adapter on CPU)
 is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it. A rollout with its own
 copy of the weights (``vllm``) gets them through the megatron -> Hugging Face converter, layer by layer.
+
+Tensor parallelism (``actor.megatron.tensor_model_parallel_size``): the ranks of one tensor-parallel group hold
+shards of one model, so they form one data-parallel rank: :meth:`data_parallel_layout` tells the driver to hand
+them the same rows and to take the results from the group's tensor-parallel rank 0; they sample alike (the same
+seed, the same gathered logits). Checkpoints are collective (per-rank shards plus the gathered weights).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from verl.protocol import DataProto
+from verl.single_controller import Dispatch, register
+from verl.utils.megatron_offload import attach_offloader, offload_phase
 from verl.workers.actor.megatron_actor import MegatronPPOActor
-from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _process_group
+from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _process_group, setup_worker_process
 from verl.workers.config import ActorConfig, CriticConfig
 
 
-def _load_hf(path: str):
+def _load_hf(path: str, trust_remote_code: bool):
     from verl.models.loading import load_hf_causal_lm
 
-    return load_hf_causal_lm(path, dtype=torch.float32, device="cpu")
+    return load_hf_causal_lm(path, dtype=torch.float32, device="cpu", trust_remote_code=trust_remote_code)
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
-    """Actor, rollout and reference over a megatron-core GPTModel."""
+    """Actor, rollout and reference over a megatron-core GPTModel, split over ``tensor_model_parallel_size``
+    ranks."""
+
+    def _tensor_parallel_size(self) -> int:
+        return self.config.actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+
+    def data_parallel_layout(self) -> tuple[int, bool]:
+        """(data-parallel rank, collects): megatron-core puts consecutive ranks in one tensor-parallel group."""
+        tp = self._tensor_parallel_size()
+        return self.rank // tp, self.rank % tp == 0
+
+    def _dp_size(self) -> int:
+        return self.world_size // self._tensor_parallel_size()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> str:
+        """Join torch.distributed and megatron-core's groups before the base worker builds the models."""
+        from verl.models.mcore import ensure_model_parallel_initialized
+
+        setup_worker_process(self)
+        ensure_model_parallel_initialized(tp=self._tensor_parallel_size(), pp=1)
+        description = super().init_model()
+        # megatron.*_offload: the parts each section selects wait in host memory until a phase needs them
+        arr = self.config.actor_rollout_ref
+        attach_offloader(self.actor, arr.actor.megatron)
+        if self.ref is not None:
+            attach_offloader(self.ref, arr.ref.megatron)
+        return description
+
+    def _generate(self, prompts: DataProto) -> DataProto:
+        with offload_phase(self.actor, training=False):
+            return super()._generate(prompts)
+
+    def _old_log_probs(self, data: DataProto) -> torch.Tensor:
+        with offload_phase(self.actor, training=False):
+            return super()._old_log_probs(data)
+
+    def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
+        with offload_phase(self.ref, training=False):
+            return super()._ref_log_probs(data)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """The base worker's update, with the actor's offloaded parts on the device for it."""
+        with offload_phase(self.actor, training=True):
+            return super().update_actor(data)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, directory: str) -> None:
+        with offload_phase(self.actor, training=True):
+            return super().load_checkpoint(directory)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, directory: str) -> None:
+        """A split model saves collectively (every rank its shards, see
+        :mod:`verl.workers.actor.megatron_checkpoint`); a whole one as the base worker does."""
+        with offload_phase(self.actor, training=True):
+            if self._tensor_parallel_size() == 1:
+                return super().save_checkpoint(directory)
+            directory = Path(directory)
+            self._trained().save_checkpoint(directory)
+            dist.barrier()
+            directory.mkdir(parents=True, exist_ok=True)
+            self._save_rank_state(directory)
+            dist.barrier()
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> MegatronPPOActor:
         from verl.workers.actor.megatron_builder import build_megatron_actor
 
-        hf_model = _load_hf(self.config.actor_rollout_ref.model.path)
+        if not trainable:
+            # the reference's own megatron section: its layout follows the actor's, its offload and checkpoint its own
+            actor_config = actor_config.replace(megatron=self.config.actor_rollout_ref.ref.megatron)
+        model_config = self.config.actor_rollout_ref.model
+        hf_model = _load_hf(model_config.path, model_config.trust_remote_code)
         return build_megatron_actor(
             hf_model.config,
             actor_config,
@@ -47,7 +125,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         from verl.models.mcore.weight_converter import iter_hf_weights
 
         if getattr(self, "_hf_config", None) is None:
-            self._hf_config = load_hf_config(self.config.actor_rollout_ref.model.path)
+            model_config = self.config.actor_rollout_ref.model
+            self._hf_config = load_hf_config(model_config.path, model_config.trust_remote_code)
         return iter_hf_weights(self.actor.model_module(), self._hf_config)
 
 
@@ -57,7 +136,7 @@ class MegatronCriticWorker(CriticWorker):
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.megatron_critic import build_megatron_critic
 
-        hf_model = _load_hf(critic_config.model.path)
+        hf_model = _load_hf(critic_config.model.path, critic_config.model.trust_remote_code)
         return build_megatron_critic(
             hf_model.config,
             critic_config,
@@ -67,3 +146,29 @@ class MegatronCriticWorker(CriticWorker):
             rank=self.rank,
             process_group=_process_group(),
         )
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> str:
+        description = super().init_model()
+        attach_offloader(self.critic, self.config.critic.megatron)  # critic.megatron.*_offload
+        return description
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        with offload_phase(self.critic, training=False):
+            return super().compute_values(data)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> dict[str, float]:
+        with offload_phase(self.critic, training=True):
+            return super().update_critic(data)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, directory: str) -> None:
+        with offload_phase(self.critic, training=True):
+            return super().save_checkpoint(directory)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, directory: str) -> None:
+        with offload_phase(self.critic, training=True):
+            return super().load_checkpoint(directory)

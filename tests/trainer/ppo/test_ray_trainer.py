@@ -61,7 +61,7 @@ def trainer_for(*overrides, reward_fn=None):
     from verl.workers.config import compose_ppo_config
 
     config = compose_ppo_config(list(overrides))
-    return RayPPOTrainer(config, None, [], reward_fn, None, None, tracker=None, total_training_steps=1)
+    return RayPPOTrainer(config, None, [], reward_fn, None, None, None, tracker=None, total_training_steps=1)
 
 
 def four_one_token_responses():
@@ -115,3 +115,57 @@ def test_token_baseline_estimators_get_the_old_log_probs_and_weights():
     assert kwargs["old_log_probs"] is batch.batch["old_log_probs"]
     assert kwargs["rollout_is_weights"] is None and kwargs["sum_pi_squared"] is None
     assert "batch" not in kwargs and kwargs["config"] is trainer.config.algorithm
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints, samples
+
+
+class _SavingGroup:
+    """A worker group's checkpoint calls: writes the two files of a complete role directory."""
+
+    def save_checkpoint(self, path):
+        from pathlib import Path
+
+        from verl.utils.checkpoint import save_state, save_weights
+
+        Path(path).mkdir(parents=True)
+        save_weights(Path(path) / "model.safetensors", {"w": torch.zeros(2)})
+        save_state(Path(path) / "train_state.pt", {"steps": 0})
+
+
+class _Loader:
+    def state_dict(self):
+        return {"epoch": 0, "position": 0}
+
+
+@pytest.mark.parametrize(("keep", "left"), [("null", [1, 2, 3]), ("2", [2, 3])])
+def test_save_checkpoint_keeps_max_actor_ckpt_to_keep(tmp_path, keep, left):
+    trainer = trainer_for(f"trainer.default_local_dir={tmp_path}", f"trainer.max_actor_ckpt_to_keep={keep}")
+    trainer.actor_wg, trainer.train_loader = _SavingGroup(), _Loader()
+    for step in (1, 2, 3):
+        trainer.global_step = step
+        trainer.save_checkpoint()
+    assert sorted(int(p.name.split("_")[-1]) for p in tmp_path.iterdir()) == left
+
+
+def test_decoded_samples_strip_the_padding_of_prompt_and_response():
+    from verl.trainer.ppo.ray_trainer import decoded_samples
+
+    class Letters:  # token id i decodes to the i-th letter; 0 is padding
+        def decode(self, ids, skip_special_tokens):
+            return "".join(chr(ord("a") + i - 1) for i in ids)
+
+    # prompts are left-padded to 3, responses right-padded to 2: [0 1 2 | 3 0] and [4 5 6 | 7 8]
+    output = DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor([[0, 1, 2], [4, 5, 6]]),
+            "responses": torch.tensor([[3, 0], [7, 8]]),
+            "attention_mask": torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]]),
+        }
+    )
+    samples = decoded_samples(Letters(), output, torch.tensor([0.5, 1.0]), limit=5)
+    assert samples == [
+        {"input": "ab", "output": "c", "score": 0.5},
+        {"input": "def", "output": "gh", "score": 1.0},
+    ]
+    assert decoded_samples(Letters(), output, torch.tensor([0.5, 1.0]), limit=1) == samples[:1]

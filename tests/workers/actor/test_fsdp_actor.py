@@ -85,6 +85,19 @@ def test_each_decoder_layer_is_an_fsdp_unit_with_dtensor_params():
     assert actor.training_path == "fsdp2"
 
 
+def test_forward_prefetch_chains_each_layer_to_the_next_and_changes_no_number():
+    plain = make_fsdp_actor()
+    prefetching = make_fsdp_actor(fsdp_config={"forward_prefetch": True})
+    layers = prefetching.actor_module.model.layers
+    # FSDP2's explicit prefetch: layer 0 gathers layer 1 before it runs; the last layer has nothing after it
+    prefetched = [layer._get_fsdp_state()._states_to_forward_prefetch for layer in layers]
+    assert prefetched[0] == [layers[1]._get_fsdp_state()] and prefetched[1] == []
+    assert all(layer._get_fsdp_state()._states_to_forward_prefetch == [] for layer in plain.actor_module.model.layers)
+    # the gather only moves earlier: log-probs are bit-identical
+    batch = ppo_batch(seed=0)
+    assert torch.equal(prefetching.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0])
+
+
 def test_a_wrap_class_the_model_lacks_is_refused_with_the_key():
     with pytest.raises(ValueError, match=r"wrap_policy.transformer_layer_cls_to_wrap names \['LlamaDecoderLayer'\]"):
         make_fsdp_actor(fsdp_config={"wrap_policy": {"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}})
@@ -238,3 +251,21 @@ def test_an_fsdp2_update_on_onednn_layers_matches_dp_on_torch_layers(monkeypatch
     assert calls  # the sharded model did run its products on oneDNN
     assert fsdp_metrics["actor/pg_loss"] == pytest.approx(dp_metrics["actor/pg_loss"], abs=1e-5)
     assert fsdp_metrics["actor/grad_norm"] == pytest.approx(dp_metrics["actor/grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("overrides", [{"use_fused_kernels": True}, {"use_torch_compile": True}])
+def test_fused_kernels_and_compile_give_the_plain_update(monkeypatch, overrides):
+    # fp32 on one rank: the same numbers as the plain fsdp2 actor up to the order of additions (log-probs within
+    # 1e-5, as the padding-free test above; grad norm within rel 1e-5); the fused head's backward must find the
+    # root's output projection gathered. The "eager" compile backend keeps Dynamo's tracing without code generation.
+    import verl.workers.actor.dp_actor as dp_actor
+
+    monkeypatch.setattr(dp_actor, "COMPILE_BACKEND", "eager")
+    batch = ppo_batch(temperature=0.7)
+    plain, other = make_fsdp_actor(entropy_coeff=0.01), make_fsdp_actor(entropy_coeff=0.01, **overrides)
+    (want_lp, want_ent), (got_lp, got_ent) = (a.compute_log_prob(batch, calculate_entropy=True) for a in (plain, other))
+    torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_ent, want_ent, atol=1e-5, rtol=0)
+    want, got = plain.update_policy(batch), other.update_policy(batch)
+    assert got["actor/update_failed"] == 0.0
+    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)

@@ -179,8 +179,13 @@ def test_checkpoint_restores_loss_scaler_and_handler(tmp_path):
             {"use_megatron_optimizer": "yes"},
             r"use_megatron_optimizer='yes' has the wrong type: expected bool \| 'auto'",
         ),
-        ({"tensor_model_parallel_size": 2}, "tensor/pipeline parallel sizes 2/1 need megatron-core"),
-        ({"pipeline_model_parallel_size": 2}, "tensor/pipeline parallel sizes 1/2 need megatron-core"),
+        # tensor parallelism runs on CPU, but megatron-core splits heads evenly: 4 heads do not split 3 ways
+        ({"tensor_model_parallel_size": 3}, r"tensor_model_parallel_size=3: .* not divisible by 3"),
+        (
+            {"pipeline_model_parallel_size": 2},
+            r"megatron.pipeline_model_parallel_size=2 needs megatron-core's pipeline schedules and optimizer, which "
+            "run on CUDA only",
+        ),
         ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size must be an integer >= 1, got 0"),
         ({"pipeline_model_parallel_size": -1}, "pipeline_model_parallel_size must be an integer >= 1, got -1"),
     ],
@@ -271,3 +276,31 @@ def test_bf16_megatron_core_path_refuses_non_finite_gradients(poison):
     assert outcome.loss_scale is None
     if poison:
         assert outcome.grad_norm != outcome.grad_norm and outcome.failure_reason.startswith("non-finite")
+
+
+def test_fused_kernels_give_the_plain_log_probs_and_update():
+    # the fused output layer computes the same float32 products, only a chunk of tokens at a time
+    plain, fused = (
+        make_megatron_actor(entropy_coeff=0.01),
+        make_megatron_actor(entropy_coeff=0.01, use_fused_kernels=True),
+    )
+    batch = ppo_batch()
+    want, want_entropy = plain.compute_log_prob(batch, calculate_entropy=True)
+    got, got_entropy = fused.compute_log_prob(batch, calculate_entropy=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_entropy, want_entropy, atol=1e-5, rtol=0)
+    batch.batch["old_log_probs"] = want
+    plain_metrics, fused_metrics = plain.update_policy(batch), fused.update_policy(batch)
+    assert fused_metrics["actor/grad_norm"] == pytest.approx(plain_metrics["actor/grad_norm"], rel=1e-5)
+    torch.testing.assert_close(fused.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0], atol=1e-5, rtol=0)
+
+
+def test_the_fused_layer_is_plain_outside_a_request():
+    # the rollout decodes through the same model: without a request the layer returns the whole logits
+    from verl.models.mcore import forward_logits
+
+    plain, fused = make_megatron_actor(), make_megatron_actor(use_fused_kernels=True)
+    batch = ppo_batch()
+    args = (batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"])
+    assert type(fused.model_module().output_layer).__name__ == "FusedHeadOutputLayer"
+    torch.testing.assert_close(forward_logits(fused.model, *args), forward_logits(plain.model, *args))

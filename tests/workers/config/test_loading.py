@@ -19,6 +19,7 @@ from verl.trainer import main_ppo
 from verl.workers.config import PPOConfig, compose_omegaconf, compose_ppo_config, compose_with_defaults
 
 OFFLOAD = "actor_rollout_ref.actor.fsdp_config.param_offload=true"
+DP = "actor_rollout_ref.actor.strategy=dp"  # a backend that reads no fsdp_config (the default, fsdp, reads it)
 OFFLOAD_REFUSED = r"actor_rollout_ref.actor.fsdp_config is set, but nothing reads it: it applies with .*strategy=fsdp2"
 
 
@@ -71,7 +72,7 @@ def test_composition_leaves_hydra_uninitialised_when_it_was():
 def test_inert_setting_is_refused_on_the_command_line(monkeypatch, caplog):
     monkeypatch.setattr(main_ppo, "setup_logging", lambda: None)  # it would remove caplog's handler
     with caplog.at_level(logging.ERROR, logger="verl.trainer"), pytest.raises(SystemExit) as info:
-        main_ppo.cli([OFFLOAD])
+        main_ppo.cli([DP, OFFLOAD])
     assert info.value.code == main_ppo.EXIT_BAD_CONFIG
     assert not ray.is_initialized()
     (message,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -81,7 +82,7 @@ def test_inert_setting_is_refused_on_the_command_line(monkeypatch, caplog):
 
 def test_inert_setting_is_refused_by_compose_ppo_config():
     with pytest.raises(ValueError, match=OFFLOAD_REFUSED):
-        compose_ppo_config([OFFLOAD])
+        compose_ppo_config([DP, OFFLOAD])
 
 
 def test_megatron_config_is_checked_against_its_own_defaults():

@@ -56,6 +56,7 @@ FULL = {
     "top_p": 1.0,
     "do_sample": True,
     "seed": 0,
+    "ignore_eos": False,
 }
 
 

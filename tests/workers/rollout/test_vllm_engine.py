@@ -23,8 +23,19 @@ def vllm_installed(monkeypatch):
     monkeypatch.setattr(vllm_engine, "require_vllm", lambda: None)
 
 
+# with a model of one's own the defaults are verl's: GAE (a critic) and micro-batch sizes left unset (null)
+MICRO_BATCHES = [
+    "algorithm.adv_estimator=grpo",
+    "data.max_prompt_length=8",
+    "data.max_response_length=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+]
+
+
 def vllm_config(*overrides, model=None):
-    model_override = [f"actor_rollout_ref.model.path={model}"] if model is not None else []
+    model_override = [f"actor_rollout_ref.model.path={model}", *MICRO_BATCHES] if model is not None else []
     base = ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cpu"]
     return compose_ppo_config([*base, *model_override, *overrides])
 
@@ -105,16 +116,23 @@ def test_check_accepts_a_model_the_cpu_kernels_take(model_dir):
     [
         # the embedded tiny model has head_dim 64 / 4 = 16
         ([], r"actor_rollout_ref.model.path='default' has head_dim 16, which vLLM's CPU attention rejects"),
-        (["actor_rollout_ref.rollout.tensor_model_parallel_size=2"], r"tensor_model_parallel_size=2: vLLM on CPU"),
-        # 60 + 8 tokens do not fit the model's 64 positions
-        (["data.max_prompt_length=60"], r"max_prompt_length=60 \+ .*response_length=8 = 68 tokens is longer than"),
+        (
+            ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
+            r"tensor_model_parallel_size=2: tensor-parallel vLLM engines need GPUs \(trainer.device=cuda\)",
+        ),
+        # 60 + 8 tokens do not fit the model's 64 positions (prompt_length follows data.max_prompt_length)
+        (["data.max_prompt_length=60"], r"prompt_length=60 \+ .*response_length=8 = 68 tokens is longer than"),
+        (
+            ["actor_rollout_ref.rollout.max_model_len=12"],
+            r"= 16 tokens is longer than actor_rollout_ref.rollout.max_model_len=12",
+        ),
         (
             ["+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=12"],
-            r"= 16 tokens is longer than actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=12",
+            r"engine_kwargs.vllm.max_model_len is set from actor_rollout_ref.rollout.max_model_len",
         ),
         (
             ["+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32"],
-            r"engine_kwargs.vllm.dtype is set from actor_rollout_ref.actor.dtype",
+            r"engine_kwargs.vllm.dtype is set from actor_rollout_ref.rollout.dtype \(null: actor_rollout_ref.actor",
         ),
         (
             [
@@ -132,15 +150,18 @@ def test_check_rejects_what_the_engine_cannot_run(model_dir, overrides, match):
 
 
 @pytest.mark.usefixtures("vllm_installed")
-def test_check_rejects_more_gpus_than_a_colocated_worker_holds(monkeypatch, model_dir):
-    monkeypatch.setattr(vllm_engine.torch.cuda, "device_count", lambda: 1)
-    config = vllm_config("actor_rollout_ref.rollout.tensor_model_parallel_size=2", model=model_dir)
+def test_tensor_parallel_engines_on_gpu_fit_a_node(monkeypatch, model_dir):
     monkeypatch.setattr(vllm_engine, "_device", lambda config: "cuda")
-    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=2 asks for more GPUs than the 1 visible"):
-        check_vllm_config(config)
-    monkeypatch.setattr(vllm_engine.torch.cuda, "device_count", lambda: 8)
-    with pytest.raises(ValueError, match=r"colocated with one actor worker, which holds one GPU"):
-        check_vllm_config(config)
+    tp2 = "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+    # 2 engines of 2 ranks on one node of 4 GPUs: accepted, and the engine joins the actor group's process group
+    config = vllm_config(tp2, "trainer.n_gpus_per_node=4", model=model_dir)
+    check_vllm_config(config)
+    assert engine_kwargs(config, seed=0, device="cuda")["distributed_executor_backend"] == "external_launcher"
+    assert "distributed_executor_backend" not in engine_kwargs(vllm_config(model=model_dir), seed=0, device="cuda")
+    # TP 4 over 2 nodes of 2 GPUs divides the 4 ranks, but an engine would straddle the nodes
+    tp4 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2", "trainer.nnodes=2"]
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size=4 does not divide trainer.n_gpus_per_node=2"):
+        check_vllm_config(vllm_config(*tp4, model=model_dir))
 
 
 def test_cpu_head_sizes_are_vllms_own():

@@ -38,6 +38,10 @@ SMALL = [
     "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_mini_batch_size=4",  # one update per step: 4 prompts x 2 samples
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    # verl's defaults for a model of one's own leave these unset (null) and pick GAE: set what this test needs
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+    "algorithm.adv_estimator=grpo",
     "actor_rollout_ref.actor.optim.lr=1e-2",
     "actor_rollout_ref.actor.optim.initial_loss_scale=1024",
     "actor_rollout_ref.actor.update_failure_policy=fp16_warn_and_count",  # a skipped update is not fatal here

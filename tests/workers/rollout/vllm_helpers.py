@@ -17,7 +17,9 @@ import torch
 TINY_DIR = Path(__file__).resolve().parents[3] / "verl" / "models" / "tiny"
 
 # what every vllm engine of the tests shares: a small KV cache (1% of the RAM) and an eager engine
-VLLM_TEST_OVERRIDES = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.01",)
+# the embedded run's settings (batch and micro-batch sizes, lengths) on the head_dim-64 model, which shares the tiny
+# model's tokenizer and task: a model path other than `default` gets verl's defaults otherwise
+VLLM_TEST_OVERRIDES = ("actor_rollout_ref.rollout.gpu_memory_utilization=0.01", "embedded@_global_=tiny_grpo_fp16")
 
 
 def needs_vllm():

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from megatron.core.inference.contexts import StaticInferenceContext
 
-from verl.models.mcore.model import _unwrap, build_attention_mask
+from verl.models.mcore.model import build_attention_mask, unwrap_model
 from verl.workers.rollout.decoding import IncrementalDecoder, last_logits
 
 __all__ = ["MegatronCachedDecoder"]
@@ -46,7 +46,7 @@ class MegatronCachedDecoder(IncrementalDecoder):
         kv_dtype: torch.dtype,
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ):
-        inner = _unwrap(model)
+        inner = unwrap_model(model)
         if not (getattr(inner, "pre_process", True) and getattr(inner, "post_process", True)):
             raise ValueError(
                 "cached decoding needs a model holding the whole pipeline (pipeline_model_parallel_size=1)"
@@ -68,7 +68,7 @@ class MegatronCachedDecoder(IncrementalDecoder):
         return context
 
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if _unwrap(self.model).training:  # the worker switches the inner model; a DDP wrapper stays in train()
+        if unwrap_model(self.model).training:  # the worker switches the inner model; a DDP wrapper stays in train()
             raise RuntimeError("cached decoding needs the model in eval mode (megatron caches only in inference)")
         with self.autocast():
             logits = self.model(

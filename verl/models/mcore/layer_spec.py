@@ -6,7 +6,9 @@ and forks the CUDA RNG tracker for dropout) and ``RotaryEmbedding.get_emb`` (it 
 first use). The portable spec swaps in ``SDPACoreAttention`` — ``torch.nn.functional.scaled_dot_product_attention``
 honouring megatron's boolean mask (True = masked out) and grouped-query attention — and ``PortableRotaryEmbedding``
 keeps its frequencies on whatever device the module was moved to. Both are ordinary modules handed to megatron
-through its spec/constructor arguments; megatron-core itself is not modified.
+through its spec/constructor arguments; megatron-core itself is not modified. With tensor parallelism a third
+piece is CUDA-bound: the output layer's logits gather (``runtime_gather_output``) allocates on the current CUDA
+device; ``PortableOutputLayer`` gathers the vocabulary slices with a device-agnostic all-gather instead.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import (
 )
 from megatron.core.models.gpt import gpt_layer_specs
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.tensor_parallel import ColumnParallelLinear
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -192,6 +195,23 @@ class PortableRotaryEmbedding(RotaryEmbedding):
         if cp_group is not None and cp_group.size() > 1 and not packed_seq:
             emb = get_pos_emb_on_this_cp_rank(emb, 0, cp_group)
         return emb
+
+
+class PortableOutputLayer(ColumnParallelLinear):
+    """megatron's vocabulary-parallel output layer, gathering the vocabulary slices on any device.
+
+    The GPTModel's own output layer is turned into this class after construction (same parameters, same
+    forward), because megatron passes ``runtime_gather_output`` to it and its gather allocates on CUDA. Without
+    tensor parallelism there is nothing to gather and it behaves exactly as the stock layer.
+    """
+
+    def forward(self, input_: torch.Tensor, weight: torch.Tensor | None = None, runtime_gather_output=None):
+        """(logits, bias) as the stock layer returns them, over the whole vocabulary when gathering is asked."""
+        from verl.models.mcore.tensor_parallel import gather_vocab_parallel_logits
+
+        gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
+        output, bias = super().forward(input_, weight=weight, runtime_gather_output=False)
+        return (gather_vocab_parallel_logits(output) if gather else output), bias
 
 
 def resolve_spec_backend(backend: str, device: torch.device) -> str:

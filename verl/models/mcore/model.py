@@ -21,7 +21,12 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from verl.models.mcore.config import build_transformer_config, rope_settings
-from verl.models.mcore.layer_spec import PortableRotaryEmbedding, get_layer_spec, resolve_spec_backend
+from verl.models.mcore.layer_spec import (
+    PortableOutputLayer,
+    PortableRotaryEmbedding,
+    get_layer_spec,
+    resolve_spec_backend,
+)
 from verl.models.mcore.parallel import (
     ensure_cuda_rng_tracker,
     ensure_model_parallel_initialized,
@@ -96,6 +101,9 @@ def build_gpt_model(
     model = _construct(config, hf_config, backend)
     if backend == "portable":
         _use_portable_rotary(model, hf_config)
+        if getattr(model, "output_layer", None) is not None:
+            # megatron's logits gather allocates on CUDA; the portable output layer gathers on any device
+            model.output_layer.__class__ = PortableOutputLayer
     # megatron's torch RMSNorm (local spec) ignores params_dtype and stays float32; cast everything to `dtype`
     # as megatron's Float16Module would (the rotary frequencies guard their own float32)
     return model.to(device=device, dtype=dtype)
@@ -143,7 +151,7 @@ def build_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return ~allowed[:, None, :, :]
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """Peel megatron/torch wrappers (DDP, Float16Module) that keep the real model in ``.module``."""
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
@@ -172,7 +180,7 @@ def forward_logits(
         ``(B, S, V)`` logits over the full vocabulary (gathered across tensor-parallel ranks), float32 when
         ``fp32`` else the model dtype. Rows at pad positions are finite but meaningless.
     """
-    inner = _unwrap(model)
+    inner = unwrap_model(model)
     if not (getattr(inner, "pre_process", True) and getattr(inner, "post_process", True)):
         raise ValueError("forward_logits needs a model holding the whole pipeline (pipeline_model_parallel_size=1)")
     mask = build_attention_mask(attention_mask)

@@ -7,8 +7,12 @@ its key head, then its value head (``[q_g0.., k_g, v_g]`` repeated ``ng`` times)
 matching megatron's gated-linear-unit split ``act(x[:half]) * x[half:]``. RMSNorm weights sit in the transformer
 layer (``input_layernorm`` / ``pre_mlp_layernorm``) in megatron's local spec, but inside the fused linears
 (``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``) in the Transformer Engine spec; the
-``norm_in_linear`` flag selects which. Conversion is on full (tensor-parallel size 1) tensors; megatron's
-``_extra_state`` entries carry no weights and are skipped.
+``norm_in_linear`` flag selects which. megatron's ``_extra_state`` entries carry no weights and are skipped.
+
+Tensor parallelism: ``hf_to_mcore_state_dict(..., tp_rank=r, tp_size=n)`` keeps only rank ``r``'s shard of each
+converted tensor (:mod:`verl.models.mcore.tensor_parallel`), one tensor at a time, so a rank never holds the whole
+converted model; the way back (``export_mcore_to_hf``, ``iter_hf_weights``) gathers the shards over the
+tensor-parallel group first. Pipeline-parallel models are not converted here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import torch
 
 from verl.models.mcore.config import check_supported
+from verl.models.mcore.tensor_parallel import gather_state_dict, shard_state_dict
 
 _HF_LAYER = "model.layers.{i}."
 _MC_LAYER = "decoder.layers.{i}."
@@ -83,8 +88,27 @@ def _take(state: dict[str, torch.Tensor], key: str, side: str) -> torch.Tensor:
     return state.pop(key)
 
 
+class _ShardingDict(dict):
+    """A dict that keeps only one tensor-parallel rank's shard of every tensor stored in it (a copy, so that the
+    full converted tensor is freed at once)."""
+
+    def __init__(self, tp_rank: int, tp_size: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+
+    def __setitem__(self, key: str, value: torch.Tensor) -> None:
+        if self.tp_size > 1:
+            value = shard_state_dict({key: value}, self.tp_rank, self.tp_size)[key].clone()
+        super().__setitem__(key, value)
+
+
 def hf_to_mcore_state_dict(
-    hf_state_dict: dict[str, torch.Tensor], hf_config: Any, *, norm_in_linear: bool = False
+    hf_state_dict: dict[str, torch.Tensor],
+    hf_config: Any,
+    *,
+    norm_in_linear: bool = False,
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Map a Hugging Face Llama/Qwen2 ``state_dict`` onto megatron-core GPTModel names and layouts.
 
@@ -93,9 +117,12 @@ def hf_to_mcore_state_dict(
             may be absent when embeddings are tied).
         hf_config: its config.
         norm_in_linear: True for the Transformer Engine spec (RMSNorm inside the fused linears).
+        tp_rank: the tensor-parallel rank whose shards to keep.
+        tp_size: the tensor-parallel size (1: whole tensors).
 
     Returns:
-        The megatron state dict (no ``_extra_state``; no ``output_layer.weight`` when embeddings are tied).
+        The megatron state dict (no ``_extra_state``; no ``output_layer.weight`` when embeddings are tied), each
+        tensor ``tp_rank``'s shard when ``tp_size > 1``.
 
     Raises:
         ValueError: unsupported architecture, or missing/unexpected keys.
@@ -104,7 +131,8 @@ def hf_to_mcore_state_dict(
     src = _weights_only(hf_state_dict)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     attn_norm, mlp_norm = _norm_keys(norm_in_linear)
-    out: dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": _take(src, "model.embed_tokens.weight", "HF")}
+    out: dict[str, torch.Tensor] = _ShardingDict(tp_rank, tp_size)
+    out["embedding.word_embeddings.weight"] = _take(src, "model.embed_tokens.weight", "HF")
     for i in range(hf_config.num_hidden_layers):
         hf, mc = _HF_LAYER.format(i=i), _MC_LAYER.format(i=i)
         attn = hf + "self_attn."
@@ -126,7 +154,7 @@ def hf_to_mcore_state_dict(
     else:
         out["output_layer.weight"] = _take(src, "lm_head.weight", "HF")
     _check_consumed(src, "HF")
-    return out
+    return dict(out)
 
 
 def iter_mcore_to_hf(
@@ -204,14 +232,25 @@ def _uses_norm_in_linear(model: torch.nn.Module) -> bool:
     return any(name.endswith("linear_qkv.layer_norm_weight") for name, _ in model.named_parameters())
 
 
-def _check_unsharded(model: torch.nn.Module) -> None:
+def _tensor_parallel_size(model: torch.nn.Module) -> int:
+    """The model's tensor-parallel size; refuses a pipeline-parallel model, whose stages hold different layers."""
     config = getattr(model, "config", None)
-    tp = getattr(config, "tensor_model_parallel_size", 1)
     pp = getattr(config, "pipeline_model_parallel_size", 1)
-    if tp != 1 or pp != 1:
-        raise ValueError(
-            f"weight conversion works on whole models only (tensor/pipeline parallel size 1), got tp={tp}, pp={pp}"
-        )
+    if pp != 1:
+        raise ValueError(f"weight conversion works on whole pipelines only (pipeline parallel size 1), got pp={pp}")
+    return int(getattr(config, "tensor_model_parallel_size", 1))
+
+
+def _full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with full tensors: its own, or the shards gathered over the tensor-parallel group
+    (a collective every rank of the group must join)."""
+    tp = _tensor_parallel_size(model)
+    state = _weights_only(model.state_dict())
+    if tp == 1:
+        return state
+    from megatron.core import parallel_state
+
+    return gather_state_dict(state, parallel_state.get_tensor_model_parallel_group(), tp)
 
 
 def load_hf_weights_into_mcore(
@@ -220,7 +259,8 @@ def load_hf_weights_into_mcore(
     """Copy Hugging Face weights into a GPTModel built by ``build_gpt_model`` (values cast to its dtype).
 
     Args:
-        model: the megatron GPTModel (tensor/pipeline parallel size 1).
+        model: the megatron GPTModel (pipeline parallel size 1; with tensor parallelism, this rank's part, which
+            receives its shard of every tensor).
         hf_model_or_state_dict: a ``*ForCausalLM`` module, or its state dict (then ``hf_config`` is required).
         hf_config: the Hugging Face config; defaults to ``hf_model.config``.
 
@@ -234,8 +274,15 @@ def load_hf_weights_into_mcore(
         hf_state_dict = hf_model_or_state_dict
     if hf_config is None:
         raise ValueError("hf_config is required when a state dict (not a Hugging Face model) is given")
-    _check_unsharded(model)
-    mcore = hf_to_mcore_state_dict(hf_state_dict, hf_config, norm_in_linear=_uses_norm_in_linear(model))
+    tp_size = _tensor_parallel_size(model)
+    tp_rank = 0
+    if tp_size > 1:
+        from megatron.core import parallel_state
+
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    mcore = hf_to_mcore_state_dict(
+        hf_state_dict, hf_config, norm_in_linear=_uses_norm_in_linear(model), tp_rank=tp_rank, tp_size=tp_size
+    )
     result = model.load_state_dict(mcore, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith(_IGNORED_SUFFIXES)]
     if missing or result.unexpected_keys:
@@ -247,28 +294,28 @@ def load_hf_weights_into_mcore(
 
 def iter_hf_weights(model: torch.nn.Module, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """A GPTModel's current weights as Hugging Face ``(name, tensor)`` pairs, layer by layer, without copying the
-    model (see :func:`iter_mcore_to_hf`); for streaming them into an inference engine.
+    model (see :func:`iter_mcore_to_hf`); for streaming them into an inference engine. A tensor-parallel model's
+    shards are gathered first (a collective of the tensor-parallel group, holding the full weights at once).
 
     Args:
-        model: the megatron GPTModel (tensor/pipeline parallel size 1).
+        model: the megatron GPTModel (pipeline parallel size 1).
         hf_config: the Hugging Face config it was built from.
     """
-    _check_unsharded(model)
-    return iter_mcore_to_hf(model.state_dict(), hf_config, norm_in_linear=_uses_norm_in_linear(model))
+    return iter_mcore_to_hf(_full_state_dict(model), hf_config, norm_in_linear=_uses_norm_in_linear(model))
 
 
 def export_mcore_to_hf(model: torch.nn.Module, hf_config: Any) -> dict[str, torch.Tensor]:
     """Hugging Face state dict of a GPTModel's current weights (detached copies, in the model's dtype).
 
     Args:
-        model: the megatron GPTModel (tensor/pipeline parallel size 1).
+        model: the megatron GPTModel (pipeline parallel size 1; a tensor-parallel model's shards are gathered, a
+            collective every rank of its tensor-parallel group must join).
         hf_config: the Hugging Face config it was built from.
 
     Returns:
         A state dict loadable with ``*ForCausalLM.load_state_dict``.
     """
-    _check_unsharded(model)
-    hf = mcore_to_hf_state_dict(model.state_dict(), hf_config, norm_in_linear=_uses_norm_in_linear(model))
+    hf = mcore_to_hf_state_dict(_full_state_dict(model), hf_config, norm_in_linear=_uses_norm_in_linear(model))
     copies: dict[int, torch.Tensor] = {}
     # tied embeddings must stay one tensor after copying, as in the source
     return {k: copies.setdefault(id(v), v.detach().clone()) for k, v in hf.items()}

@@ -31,12 +31,19 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
-from verl.utils.checkpoint import atomic_directory, load_state, save_state
+from verl.utils.checkpoint import (
+    atomic_directory,
+    checkpoints_to_keep,
+    load_state,
+    prune_checkpoints,
+    save_state,
+)
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 from verl.workers.actor.base import UPDATE_READS
 from verl.workers.config import PPOConfig
 from verl.workers.critic.base import CRITIC_UPDATE_KEYS, VALUE_KEYS
+from verl.workers.reward_model import rm_score_inputs
 
 logger = logging.getLogger("verl.trainer")
 
@@ -103,11 +110,14 @@ class RayPPOTrainer:
         reward_fn: DataProto -> token-level scores (B, R).
         actor_wg: the ActorRolloutRef worker group.
         critic_wg: the critic worker group, or None.
+        reward_model_wg: the reward-model worker group (``reward_model.enable``), or None; its ``rm_scores`` are
+            the training scores in place of the reward function's, as in verl.
         tracker: the metric sinks.
         total_training_steps: how many steps :meth:`fit` runs.
         resume_from: the checkpoint to resume from, chosen and verified before the workers started (None: fresh).
         restarts: how many times the run rebuilt its workers after one died before this trainer; logged with every
             step as ``trainer/restarts``.
+        tokenizer: decodes the validation samples that ``trainer.log_val_generations`` logs (None: none logged).
     """
 
     def __init__(
@@ -118,10 +128,12 @@ class RayPPOTrainer:
         reward_fn,
         actor_wg,
         critic_wg,
+        reward_model_wg,
         tracker: Tracking,
         total_training_steps: int,
         resume_from: Path | None = None,
         restarts: int = 0,
+        tokenizer=None,
     ):
         self.config = config
         self.train_loader = train_loader
@@ -129,6 +141,7 @@ class RayPPOTrainer:
         self.reward_fn = reward_fn
         self.actor_wg = actor_wg
         self.critic_wg = critic_wg
+        self.reward_model_wg = reward_model_wg
         self.tracker = tracker
         self.total_training_steps = total_training_steps
         self.global_step = 0
@@ -138,6 +151,7 @@ class RayPPOTrainer:
         # the checkpoint to resume from, chosen and verified by the caller before the workers started
         self.resume_from = resume_from
         self.restarts = restarts
+        self.tokenizer = tokenizer
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
 
     # ------------------------------------------------------------------ the loop
@@ -294,13 +308,20 @@ class RayPPOTrainer:
             name = name.removeprefix("timing_s/")
             timing[name] = timing.get(name, 0.0) + seconds
         with self._timed(timing, "reward"):
+            if self.reward_model_wg is not None:
+                batch = batch.union(self.reward_model_wg.compute_rm_score(rm_score_inputs(batch)))
             batch.batch["token_level_scores"] = self.score(batch)
         return batch
 
     def score(self, batch: DataProto) -> torch.Tensor:
         """Token-level scores (B, R) of the batch's responses; each extra entry of the reward function's result
         (what a scorer returns besides ``score``, one value per sample) goes into ``batch.non_tensor_batch``, as in
-        verl, where GDPO's reward components and ``algorithm.filter_groups.metric`` find it."""
+        verl, where GDPO's reward components and ``algorithm.filter_groups.metric`` find it. A batch scored by
+        the reward model (``rm_scores``) takes those scores as they are, and the reward function is not called:
+        verl's reward managers return ``rm_scores`` when the batch has them."""
+        if "rm_scores" in batch.batch.keys():
+            batch.meta_info["reward_extra_keys"] = []
+            return batch.batch["rm_scores"]
         result = self.reward_fn(batch, return_dict=True)
         if not isinstance(result, dict):
             return result
@@ -316,7 +337,7 @@ class RayPPOTrainer:
         """``timing_s/overhead/<method>``: seconds of each worker call beyond the work itself, summed over the calls
         since the last pop (splitting the batch, moving it to the workers and back, merging the results)."""
         overheads: dict[str, float] = {}
-        for group in (self.actor_wg, self.critic_wg):
+        for group in (self.actor_wg, self.critic_wg, self.reward_model_wg):
             if group is None:
                 continue
             for method, calls in group.pop_call_timings().items():
@@ -437,13 +458,17 @@ class RayPPOTrainer:
     # ------------------------------------------------------------------ validation
 
     def validate(self) -> dict[str, float]:
-        """Greedy (by default) responses to the validation prompts, scored.
+        """Responses to the validation prompts sampled with ``actor_rollout_ref.rollout.val_kwargs`` (greedy by
+        default), scored.
 
         Returns ``val/score/mean`` and verl's validation metrics (:func:`process_validation_metrics`, per data
         source): ``val-core/<source>/<var>/mean@N`` (and ``best@N`` / ``maj@N``) for the core variable (``acc``
-        when the scorer returns it, else ``reward``, the score), ``val-aux/...`` for the rest.
+        when the scorer returns it, else ``reward``, the score), ``val-aux/...`` for the rest. With
+        ``trainer.log_val_generations: N`` the first N samples (prompt, response, score) go to the tracker.
         """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        num_samples = self.config.trainer.log_val_generations if self.tokenizer is not None else 0
+        samples: list[dict[str, Any]] = []
         scores, sources, uids = [], [], []
         infos: dict[str, list] = defaultdict(list)
         for prompts in self.val_batches:
@@ -452,11 +477,13 @@ class RayPPOTrainer:
             prompts = DataProto.from_dict(
                 tensors=dict(prompts.batch.items()),
                 non_tensors=non_tensors,
-                meta_info={"n": val_kwargs.n, "do_sample": val_kwargs.do_sample, "temperature": val_kwargs.temperature},
+                meta_info=val_kwargs.as_overrides(),  # n, do_sample, temperature, top_k, top_p
             )
             output = self.actor_wg.generate_sequences(prompts)
             score = self.score(output).sum(-1)
             scores.append(score)
+            if len(samples) < num_samples:
+                samples += decoded_samples(self.tokenizer, output, score, num_samples - len(samples))
             infos["reward"].extend(score.tolist())
             for key in output.meta_info.get("reward_extra_keys", ()):  # what the scorer returned besides the score
                 infos[key].extend(output.non_tensor_batch[key].tolist())
@@ -464,6 +491,9 @@ class RayPPOTrainer:
             sources.extend(output.non_tensor_batch.get("data_source", np.full(len(output), "unknown")).tolist())
         metrics = {"val/score/mean": torch.cat(scores).mean().item()}
         metrics.update(validation_metrics(sources, uids, dict(infos)))
+        if samples and self.tracker is not None:
+            # the same first prompts at every validation, so that their answers can be compared as training goes
+            self.tracker.log_generations(samples, step=self.global_step)
         return metrics
 
     # ------------------------------------------------------------------ checkpoints
@@ -489,6 +519,11 @@ class RayPPOTrainer:
             )
         self.last_checkpoint = final
         logger.info("saved checkpoint %s", final)
+        trainer_cfg = self.config.trainer
+        limits = [trainer_cfg.max_actor_ckpt_to_keep]
+        if self.critic_wg is not None:
+            limits.append(trainer_cfg.max_critic_ckpt_to_keep)
+        prune_checkpoints(self.checkpoint_root(), final, checkpoints_to_keep(limits), self.roles)
         return final
 
     def maybe_resume(self) -> None:
@@ -506,3 +541,25 @@ class RayPPOTrainer:
             self.kl_ctrl.value = float(state["kl_coef"])
         self.last_checkpoint = path
         logger.info("resumed from %s at step %d", path, self.global_step)
+
+
+def decoded_samples(tokenizer, output: DataProto, scores: torch.Tensor, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` samples of a generation output as text: ``{"input", "output", "score"}``.
+
+    The prompt is the left-padded ``prompts`` tensor without its padding, the response the ``responses`` tensor
+    up to its last valid token (the masks are the attention mask's prompt and response parts); special tokens
+    are skipped, as the reward manager decodes.
+    """
+    prompts, responses = output.batch["prompts"], output.batch["responses"]
+    attention = output.batch["attention_mask"].bool()
+    prompt_mask, response_mask = attention[:, : prompts.shape[1]], attention[:, prompts.shape[1] :]
+    samples = []
+    for i in range(min(limit, len(output))):
+        samples.append(
+            {
+                "input": tokenizer.decode(prompts[i][prompt_mask[i]].tolist(), skip_special_tokens=True),
+                "output": tokenizer.decode(responses[i][response_mask[i]].tolist(), skip_special_tokens=True),
+                "score": float(scores[i]),
+            }
+        )
+    return samples

@@ -118,6 +118,11 @@ def save_whole_checkpoint(loop: UpdateLoop, directory: str | os.PathLike) -> Non
     directory.mkdir(parents=True, exist_ok=True)
     save_weights(directory / WEIGHTS_FILE, loop.model_module().state_dict())
     save_state(directory / TRAIN_STATE_FILE, loop.training_state_dict())
+    peft_model = getattr(loop, "peft_model", None)
+    if peft_model is not None:  # a LoRA run: also the adapter directory peft loads (lora_adapter_path)
+        from verl.utils.lora import LORA_ADAPTER_DIR, save_lora_adapter
+
+        save_lora_adapter(directory / LORA_ADAPTER_DIR, peft_model)
 
 
 def load_whole_checkpoint(loop: UpdateLoop, directory: str | os.PathLike) -> None:
@@ -206,7 +211,8 @@ class FSDPBackend(TrainingBackend):
 
     def save_checkpoint(self, loop, directory):
         """Collective: every rank writes its shards to ``sharded/``; rank 0 the gathered ``model.safetensors``,
-        ``train_state.pt`` and, with ``hf_export``, the ``huggingface/`` export."""
+        ``train_state.pt`` and, with ``hf_export``, the ``huggingface/`` export (a LoRA run: the peft adapter
+        directory ``lora_adapter/`` instead)."""
         from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR, SHARDED_DIR, export_huggingface, save_sharded
         from verl.utils.fsdp_utils import full_state_dict
 
@@ -219,7 +225,12 @@ class FSDPBackend(TrainingBackend):
             return
         save_weights(directory / WEIGHTS_FILE, weights)
         save_state(directory / TRAIN_STATE_FILE, loop.training_state_dict())
-        if self.hf_export:
+        peft_model = getattr(loop, "peft_model", None)
+        if peft_model is not None:  # a LoRA run exports its adapter (peft's format) instead of the whole model
+            from verl.utils.lora import LORA_ADAPTER_DIR, save_lora_adapter
+
+            save_lora_adapter(directory / LORA_ADAPTER_DIR, peft_model, weights)
+        elif self.hf_export:
             export_huggingface(directory / HF_EXPORT_DIR, module, directory / WEIGHTS_FILE)
 
     def load_checkpoint(self, loop, directory):
@@ -272,6 +283,8 @@ class MegatronBackend(TrainingBackend):
             follows ``use_megatron_schedule``.
         min_loss_scale: the fp16 scaler's floor (``optim.min_loss_scale``), which megatron-core's optimizer does
             not expose.
+        hf_config: the Hugging Face config the model was built from; a tensor-parallel checkpoint then also
+            exports Hugging Face weights.
     """
 
     name = "megatron"
@@ -283,8 +296,10 @@ class MegatronBackend(TrainingBackend):
         use_megatron_schedule: bool = False,
         params_in_compute_dtype: bool | None = None,
         min_loss_scale: float | None = None,
+        hf_config: Any = None,
     ):
         self.model = model
+        self.hf_config = hf_config
         self.use_megatron_schedule = use_megatron_schedule
         self.params_in_compute_dtype = (
             use_megatron_schedule if params_in_compute_dtype is None else params_in_compute_dtype
@@ -328,10 +343,26 @@ class MegatronBackend(TrainingBackend):
         return getattr(loop.optimizer, "min_loss_scale", None)
 
     def save_checkpoint(self, loop, directory):
-        save_whole_checkpoint(loop, directory)
+        """Whole weights; a tensor-parallel model writes per-rank shards and the gathered weights instead (a
+        collective, see :mod:`verl.workers.actor.megatron_checkpoint`)."""
+        if self.tensor_parallel_size() == 1:
+            save_whole_checkpoint(loop, directory)
+            return
+        from verl.workers.actor.megatron_checkpoint import save_tensor_parallel_checkpoint
+
+        save_tensor_parallel_checkpoint(loop, self.module(), directory, self.hf_config)
 
     def load_checkpoint(self, loop, directory):
-        load_whole_checkpoint(loop, directory)
+        if self.tensor_parallel_size() == 1:
+            load_whole_checkpoint(loop, directory)
+            return
+        from verl.workers.actor.megatron_checkpoint import load_tensor_parallel_checkpoint
+
+        load_tensor_parallel_checkpoint(loop, self.module(), directory)
+
+    def tensor_parallel_size(self) -> int:
+        """How many ranks the model's weights are split over."""
+        return int(getattr(self.module().config, "tensor_model_parallel_size", 1))
 
     def module(self) -> torch.nn.Module:
         """The GPTModel inside megatron-core's DDP wrapper (the model itself on the CPU path): what is checkpointed."""
@@ -342,6 +373,7 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from verl.models.mcore import build_attention_mask
+        from verl.models.mcore.fused_head import FusedHeadRequest, fused_head_request
 
         model = self.model
         model.zero_grad_buffer()
@@ -352,12 +384,20 @@ class MegatronBackend(TrainingBackend):
         def forward_step(data_iterator, model):
             micro = next(data_iterator)
             batch = micro.batch
-            output = model(
-                input_ids=batch["input_ids"],
-                position_ids=batch["position_ids"],
-                attention_mask=build_attention_mask(batch["attention_mask"]),
-                runtime_gather_output=True,  # the loss needs the whole vocabulary on every tensor-parallel rank
-            )
+            request = None
+            if loop.config.use_fused_kernels:  # the output layer computes the log-probs (verl.models.mcore.fused_head)
+                request = FusedHeadRequest(
+                    batch["input_ids"], batch["responses"].shape[-1], temperature, loop.config.entropy_coeff != 0
+                )
+            with fused_head_request(model, request):
+                output = model(
+                    input_ids=batch["input_ids"],
+                    position_ids=batch["position_ids"],
+                    attention_mask=build_attention_mask(batch["attention_mask"]),
+                    runtime_gather_output=True,  # the loss needs the whole vocabulary on every tensor-parallel rank
+                )
+            if request is not None:
+                output = request.result
 
             def loss_func(output):
                 loss, metrics = loop._loss_from_model_output(micro, output, temperature)

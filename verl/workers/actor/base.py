@@ -77,6 +77,20 @@ class BasePPOActor(UpdateLoop):
             input_ids, attention_mask, position_ids: (B, S) int64, left-padded prompts followed by responses.
         """
 
+    def forward_response_log_probs(
+        self, input_ids, attention_mask, position_ids, response_length: int, temperature: float, calculate_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (B, R) and entropy (B, R) or None of the response tokens from the model's last hidden states, a
+        chunk of tokens at a time (``model.use_fused_kernels``): the whole logits are never formed.
+
+        Args:
+            input_ids, attention_mask, position_ids: (B, S) int64, left-padded prompts followed by responses.
+            response_length: R, the last R columns.
+            temperature: the rollout's sampling temperature.
+            calculate_entropy: also return the entropy.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no fused log-prob path (model.use_fused_kernels).")
+
     def incremental_decoder(self) -> IncrementalDecoder:
         """What the in-house (``naive``) rollout samples with, in the training precision.
 
@@ -99,9 +113,17 @@ class BasePPOActor(UpdateLoop):
         input_ids, attention_mask, position_ids, kept = trim_padding_columns(
             batch["input_ids"], batch["attention_mask"], batch["position_ids"], response_length
         )
-        with self.autocast():
-            logits = self.forward_logits(input_ids, attention_mask, position_ids)
-        log_prob, entropy = compute_response_log_probs(logits, input_ids, kept, temperature, calculate_entropy)
+        if self.config.use_fused_kernels:
+            with self.autocast():
+                log_prob, entropy = self.forward_response_log_probs(
+                    input_ids, attention_mask, position_ids, kept, temperature, calculate_entropy
+                )
+        else:
+            with self.autocast():
+                logits = self.forward_logits(input_ids, attention_mask, position_ids)
+            log_prob, entropy = compute_response_log_probs(
+                logits, input_ids, kept, temperature, calculate_entropy, **self._entropy_options()
+            )
         log_prob = pad_response_columns(log_prob, response_length)
         return log_prob, None if entropy is None else pad_response_columns(entropy, response_length)
 
@@ -168,8 +190,11 @@ class BasePPOActor(UpdateLoop):
         log_prob, entropy = self._forward_micro_batch(micro, temperature, self.config.entropy_coeff != 0)
         return self._loss_from_log_probs(micro, log_prob, entropy)
 
-    def _loss_from_model_output(self, micro: DataProto, output: torch.Tensor, temperature: float):
-        """The loss from the full-sequence logits (B, S, V) of a backend-run forward pass (no padding trimmed)."""
+    def _loss_from_model_output(self, micro: DataProto, output, temperature: float):
+        """The loss from a backend-run forward pass (no padding trimmed): its full-sequence logits (B, S, V), or the
+        (log-probs, entropy) of the response tokens that a fused head computed (``model.use_fused_kernels``)."""
+        if isinstance(output, tuple):
+            return self._loss_from_log_probs(micro, *output)
         batch = micro.batch
         log_prob, entropy = compute_response_log_probs(
             output.float(),
@@ -177,8 +202,17 @@ class BasePPOActor(UpdateLoop):
             batch["responses"].shape[-1],
             temperature,
             calculate_entropy=self.config.entropy_coeff != 0,
+            **self._entropy_options(),
         )
         return self._loss_from_log_probs(micro, log_prob, entropy)
+
+    def _entropy_options(self) -> dict[str, bool]:
+        """How the plain (logits) path computes the entropy: ``actor.entropy_from_logits_with_chunking`` and
+        ``actor.entropy_checkpointing``."""
+        return {
+            "entropy_chunking": self.config.entropy_from_logits_with_chunking,
+            "entropy_checkpointing": self.config.entropy_checkpointing,
+        }
 
     def _loss_from_log_probs(self, micro: DataProto, log_prob, entropy) -> tuple[torch.Tensor, dict[str, float]]:
         """Policy loss - entropy bonus + KL loss of one micro-batch, from its response log-probs (B, R)."""

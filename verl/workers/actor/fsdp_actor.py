@@ -68,6 +68,11 @@ class FSDPPPOActor(DataParallelPPOActor):
     ):
         # a Hugging Face model also gets a Hugging Face export with each checkpoint
         backend = FSDPBackend(mesh, hf_export=isinstance(actor_module, PreTrainedModel))
+        if config.use_fused_kernels:
+            # the fused head's backward reads the gathered output projection, outside the root's own outputs whose
+            # backward hook would gather it again: keep the root's parameters gathered from forward to backward (what
+            # FSDP2 does for a root by default; the decoder layers still reshard)
+            actor_module.set_reshard_after_forward(False, recurse=False)
         super().__init__(
             config,
             actor_module,
@@ -104,6 +109,7 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
         param_offload=fsdp_config.param_offload,
         wrap_class_names=wrap_class_names,
         key=key,
+        forward_prefetch=fsdp_config.forward_prefetch,
     )
     if not trainable:
         return None, None

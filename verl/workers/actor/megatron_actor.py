@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from verl.models.mcore import forward_logits
+from verl.models.mcore.fused_head import FusedHeadRequest, fused_head_request, use_fused_head
 from verl.models.mcore.inference import MegatronCachedDecoder
 from verl.workers.actor.backend import MegatronBackend
 from verl.workers.actor.base import BasePPOActor
@@ -40,6 +41,7 @@ class MegatronPPOActor(BasePPOActor):
             autocast is needed.
         min_loss_scale: the fp16 loss scaler's floor (``optim.min_loss_scale``); megatron-core's optimizer does
             not expose it, and the update-failure handler needs it to tell a back-off from a stuck scaler.
+        hf_config: the Hugging Face config of the model (a tensor-parallel checkpoint exports Hugging Face weights).
         **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank``.
     """
 
@@ -53,6 +55,7 @@ class MegatronPPOActor(BasePPOActor):
         use_megatron_schedule: bool = False,
         params_in_compute_dtype: bool | None = None,
         min_loss_scale: float | None = None,
+        hf_config: Any = None,
         **loop_parts,
     ):
         self.model = model
@@ -62,14 +65,26 @@ class MegatronPPOActor(BasePPOActor):
             use_megatron_schedule=use_megatron_schedule,
             params_in_compute_dtype=params_in_compute_dtype,
             min_loss_scale=min_loss_scale,
+            hf_config=hf_config,
         )
         super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
+        if config.use_fused_kernels:
+            use_fused_head(model)
 
     def model_module(self) -> torch.nn.Module:
         return self.backend.module()
 
     def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)
+
+    def forward_response_log_probs(
+        self, input_ids, attention_mask, position_ids, response_length, temperature, calculate_entropy
+    ):
+        # the GPTModel's own forward runs; its output layer computes the log-probs chunk by chunk (FusedHeadOutputLayer)
+        request = FusedHeadRequest(input_ids, response_length, temperature, calculate_entropy)
+        with fused_head_request(self.model, request):
+            forward_logits(self.model, input_ids, attention_mask, position_ids)
+        return request.result
 
     def incremental_decoder(self) -> MegatronCachedDecoder:
         """megatron-core's static inference context as the key/value cache, keys in the compute dtype."""

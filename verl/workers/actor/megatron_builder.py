@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, load_hf_weights_into_mcore
+from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
 from verl.utils.amp_optimizer import adamw_kwargs, build_amp_optimizer, build_scheduler
 from verl.workers.actor.megatron_actor import MegatronPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
@@ -58,7 +59,8 @@ def build_megatron_actor(
             loads the directory's weights (given a path).
         trainable: False builds a frozen reference: no optimizer, no DDP, no handler, no gradients.
         rank: data-parallel rank.
-        process_group: data-parallel group of the adapter path (None: the default group, if any).
+        process_group: data-parallel group of the adapter path (None: the default group, if any); with tensor
+            parallelism megatron-core's own data-parallel group is used instead.
 
     Returns:
         The actor; ``actor.training_path`` says which path runs.
@@ -69,16 +71,18 @@ def build_megatron_actor(
     device = torch.device(device)
     dtype = TORCH_DTYPES[actor_config.dtype]
     key = f"{ActorConfig.KEY}.megatron"
+    actor_config.megatron.check_device(device.type, key, trainable=trainable)
     use_megatron = actor_config.megatron.training_path(device.type, key)
     tp = actor_config.megatron.tensor_model_parallel_size
     pp = actor_config.megatron.pipeline_model_parallel_size
     loads_weights = hf_state_dict is not None or isinstance(hf_config_or_path, str | os.PathLike)
-    if loads_weights and (tp, pp) != (1, 1):
+    if loads_weights and pp != 1:
         raise ValueError(
-            f"{key}: loading Hugging Face weights is supported for whole models only (tensor/pipeline sizes 1/1), "
-            f"got {tp}/{pp}."
+            f"{key}.pipeline_model_parallel_size={pp}: loading Hugging Face weights is supported for whole pipelines "
+            "only (pipeline size 1)."
         )
     hf_config, hf_state_dict = _resolve_hf_model(hf_config_or_path, hf_state_dict)
+    check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
     # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path holds
     # fp16/bf16 parameters with fp32 main copies inside its optimizer. A frozen model on the GPU path holds
     # fp16/bf16 parameters and nothing else.
@@ -89,9 +93,12 @@ def build_megatron_actor(
         device,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
-        seed=actor_config.seed,
+        seed=actor_config.megatron.seed,
+        **actor_config.megatron.transformer_overrides(device.type),
     )
-    if hf_state_dict is not None:
+    if actor_config.megatron.use_dist_checkpointing:
+        _load_dist_checkpoint(model, actor_config.megatron)
+    elif hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
     if not trainable:
         model.eval().requires_grad_(False)
@@ -100,7 +107,9 @@ def build_megatron_actor(
         return actor
     optim_config = actor_config.optim
     if use_megatron:
-        model, optimizer, scheduler = _megatron_core_training(model, optim_config, dtype, total_training_steps)
+        model, optimizer, scheduler = _megatron_core_training(
+            model, optim_config, dtype, total_training_steps, actor_config.megatron
+        )
         path = "GPU path: megatron-core DDP, optimizer and schedules"
     else:
         optimizer, scheduler = build_amp_optimizer(
@@ -108,7 +117,7 @@ def build_megatron_actor(
             optim_config,
             dtype=dtype,
             total_training_steps=total_training_steps,
-            process_group=process_group,
+            **adapter_groups(tp, process_group),
         )
         path = f"CPU path: torch.optim adapter, fp32 master weights, {dtype} autocast"
     actor = MegatronPPOActor(
@@ -118,11 +127,26 @@ def build_megatron_actor(
         scheduler,
         use_megatron_schedule=use_megatron,
         min_loss_scale=optim_config.min_loss_scale if dtype == torch.float16 else None,
+        hf_config=hf_config,
         **build_loop_parts(actor_config, rank=rank),
     )
     actor.training_path = f"{path} on {device}"
     logger.info("megatron actor: %s", actor.training_path)
     return actor
+
+
+def adapter_groups(tp: int, process_group: Any) -> dict[str, Any]:
+    """The torch.optim adapter's process groups: ``process_group`` for a whole model; megatron-core's
+    data-parallel and tensor-parallel groups for a model split over ``tp > 1`` ranks (gradients are averaged over
+    the data-parallel ranks only, the norm is summed over the tensor-parallel ones)."""
+    if tp == 1:
+        return {"process_group": process_group}
+    from megatron.core import parallel_state
+
+    return {
+        "process_group": parallel_state.get_data_parallel_group(),
+        "tensor_parallel_group": parallel_state.get_tensor_model_parallel_group(),
+    }
 
 
 def _inner_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -135,12 +159,12 @@ def _inner_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
-def megatron_optimizer_config(optim_config: OptimConfig, dtype: torch.dtype):
-    """megatron-core's ``OptimizerConfig`` (Adam, no distributed optimizer) from an ``optim`` config section.
+def megatron_optimizer_config(optim_config: OptimConfig, dtype: torch.dtype, *, use_distributed_optimizer=False):
+    """megatron-core's ``OptimizerConfig`` (Adam) from an ``optim`` config section.
 
     AdamW's settings come from the same reading as the adapter's (:func:`~verl.utils.amp_optimizer.adamw_kwargs`),
     and the fp16 loss-scale settings take the same names, so both paths start from the same scale and back off by
-    the same rule.
+    the same rule. ``optim.override_optimizer_config`` (its keys checked at start-up) is applied last.
     """
     from megatron.core.optimizer import OptimizerConfig
 
@@ -161,20 +185,35 @@ def megatron_optimizer_config(optim_config: OptimConfig, dtype: torch.dtype):
         min_loss_scale=scale.min_loss_scale,
         loss_scale_window=float(scale.loss_scale_window),
         hysteresis=scale.hysteresis,
-        use_distributed_optimizer=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+        **(optim_config.override_optimizer_config or {}),
     )
 
 
-def _megatron_core_training(model, optim_config: OptimConfig, dtype: torch.dtype, total_training_steps: int):
-    """Wrap ``model`` in megatron-core DDP and build its optimizer and LR schedule (CUDA only)."""
+def _load_dist_checkpoint(model: torch.nn.Module, megatron: Any) -> None:
+    """The initial weights from ``megatron.dist_checkpointing_path`` (``use_dist_checkpointing``), before DDP and
+    the optimizer's fp32 main copies are made from them."""
+    from verl.models.mcore.dist_checkpoint import load_dist_checkpoint
+
+    load_dist_checkpoint(model, megatron.dist_checkpointing_path, prefix=megatron.dist_checkpointing_prefix)
+
+
+def _megatron_core_training(
+    model, optim_config: OptimConfig, dtype: torch.dtype, total_training_steps: int, megatron: Any
+):
+    """Wrap ``model`` in megatron-core DDP and build its optimizer and LR schedule (CUDA only); ``megatron`` is the
+    section's :class:`~verl.workers.config.MegatronConfig` (distributed optimizer, DDP overrides)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import get_megatron_optimizer
 
+    ddp_kwargs = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False, **megatron.ddp_overrides()}
     ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        **ddp_kwargs, use_distributed_optimizer=megatron.use_distributed_optimizer
     )
     ddp_model = DistributedDataParallel(model.config, ddp_config, model)
-    megatron_config = megatron_optimizer_config(optim_config, dtype)
+    megatron_config = megatron_optimizer_config(
+        optim_config, dtype, use_distributed_optimizer=megatron.use_distributed_optimizer
+    )
     optimizer = get_megatron_optimizer(megatron_config, [ddp_model])
     # the schedule scales the loss with the optimizer's scale, and reduces gradients through DDP at the end
     model.config.grad_scale_func = optimizer.scale_loss

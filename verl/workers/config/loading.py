@@ -9,6 +9,13 @@ Composition leaves Hydra's global state as it found it, also when the caller has
 :func:`load_section` gives one validated section (``actor_rollout_ref.actor``, ``critic``...) of the defaults with
 some keys changed, for code that builds one model without a whole run. :func:`plain_values` and :func:`default_at`
 read a composed config for validation.
+
+The embedded layer: when the composed config leaves ``actor_rollout_ref.model.path`` at ``"default"`` (the embedded
+tiny model), composition selects ``embedded/tiny_grpo_fp16.yaml`` in the ``embedded@_global_`` slot of
+``ppo_trainer.yaml``'s defaults list. It lands after ``ppo_trainer.yaml``'s own values (verl's defaults), before any
+file built on it and before the key=value overrides, so README's first command runs the tiny GRPO fp16 task while a
+verl script that names its model gets verl's defaults. The decision is made once per call, from the config with the
+caller's overrides, and applies to that file's defaults too.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ if TYPE_CHECKING:
     from verl.workers.config.ppo import PPOConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "trainer" / "config"
+# The defaults-list slot of ppo_trainer.yaml that the embedded layer fills, and the layer (embedded/<name>.yaml).
+EMBEDDED_LAYER_SLOT = "embedded@_global_"
+EMBEDDED_LAYER = "tiny_grpo_fp16"
+EMBEDDED_MODEL_PATH = "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +93,8 @@ def _hydra_initialised_on(config_dir: Path) -> Iterator[None]:
 
 
 def _compose_files(config_dir: str | Path, config_name: str, override_lists: Sequence[Sequence[str]]) -> list:
-    """``config_name`` of ``config_dir`` composed once per list of overrides, under one Hydra initialisation.
+    """``config_name`` of ``config_dir`` composed once per list of overrides, under one Hydra initialisation; with
+    the embedded layer in all of them when the first list's config runs the embedded model (:func:`_embedded_layer`).
 
     Raises:
         ValueError: the config does not compose (a missing file, a malformed override, a key it does not have).
@@ -92,7 +104,12 @@ def _compose_files(config_dir: str | Path, config_name: str, override_lists: Seq
 
     try:
         with _hydra_initialised_on(Path(config_dir).resolve()):
-            composed = [compose(config_name=config_name, overrides=list(overrides)) for overrides in override_lists]
+            first = compose(config_name=config_name, overrides=list(override_lists[0]), return_hydra_config=True)
+            layer = _embedded_layer(first, override_lists[0])
+            composed = [
+                first if index == 0 and not layer else compose(config_name=config_name, overrides=[*layer, *overrides])
+                for index, overrides in enumerate(override_lists)
+            ]
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(str(err).strip()) from None
     configs = []
@@ -101,6 +118,21 @@ def _compose_files(config_dir: str | Path, config_name: str, override_lists: Seq
         plain.pop("hydra", None)
         configs.append(OmegaConf.create(plain))  # a plain (non-struct) config, as callers have always received
     return configs
+
+
+def _embedded_layer(composed: DictConfig, overrides: Sequence[str]) -> list[str]:
+    """The override that selects the embedded layer (a one-item list), or ``[]``: the config has no slot for it,
+    the caller's overrides choose the slot themselves, or the model is not the embedded one."""
+    if EMBEDDED_LAYER_SLOT not in composed.hydra.runtime.choices:
+        return []  # a config not built on ppo_trainer.yaml
+    slot_group = EMBEDDED_LAYER_SLOT.split("@", 1)[0]
+    if any(override.lstrip("+~").split("=", 1)[0].split("@", 1)[0] == slot_group for override in overrides):
+        return []
+    try:
+        path = OmegaConf.select(composed, "actor_rollout_ref.model.path", default=None)
+    except OmegaConfBaseException:
+        return []  # an interpolation that does not resolve: validation names it
+    return [f"{EMBEDDED_LAYER_SLOT}={EMBEDDED_LAYER}"] if path == EMBEDDED_MODEL_PATH else []
 
 
 def compose_with_defaults(

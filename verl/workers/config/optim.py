@@ -7,11 +7,13 @@ own optimizer start from the same scale and back off by the same rule (:meth:`Op
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
 
 LR_SCHEDULERS = ("constant", "cosine")
+# verl's own keys for the schedule (FSDP optim, its older name, megatron optim): each means optim.lr_scheduler
+VERL_SCHEDULER_KEYS = ("lr_scheduler_type", "warmup_style", "lr_decay_style")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +54,18 @@ class OptimConfig(BaseConfig):
     weight_decay: float
     clip_grad: float
     lr_warmup_steps: int
+    lr_warmup_steps_ratio: float
     lr_scheduler: Literal["constant", "cosine"]
+    lr_scheduler_type: str | None
+    warmup_style: str | None
+    lr_decay_style: str | None
     min_lr_ratio: float
     initial_loss_scale: float
     min_loss_scale: float
     loss_scale_window: int
     hysteresis: int
+    # megatron-core OptimizerConfig fields (strategy megatron); checked in verl.workers.config.megatron
+    override_optimizer_config: Any
 
     def check(self) -> None:
         check_number(self, "lr", 0.0, exclusive_min=True)
@@ -66,9 +74,37 @@ class OptimConfig(BaseConfig):
         check_number(self, "eps", 0.0, exclusive_min=True)
         check_number(self, "weight_decay", 0.0)
         check_number(self, "clip_grad")
-        check_int(self, "lr_warmup_steps", 0)
+        check_int(self, "lr_warmup_steps", -1)
+        check_number(self, "lr_warmup_steps_ratio", 0.0, 1.0)
         check_number(self, "min_lr_ratio", 0.0, 1.0)
+        self.scheduler_name()
         self.loss_scale()  # the loss-scale rules hold whatever the dtype: a bad value is a bad config
+
+    def scheduler_name(self) -> str:
+        """The schedule after warm-up: ``lr_scheduler``, or the one verl's own key names (the same value)."""
+        named = {key: getattr(self, key) for key in VERL_SCHEDULER_KEYS if getattr(self, key) is not None}
+        for key, value in named.items():
+            if value not in LR_SCHEDULERS:
+                raise FieldError(
+                    key,
+                    f"={value!r} is a verl LR schedule this project does not have; use one of {list(LR_SCHEDULERS)} "
+                    "(or set it to null and use optim.lr_scheduler).",
+                )
+        values = set(named.values())
+        if len(values) > 1 or (values and self.lr_scheduler not in values and self.lr_scheduler != "constant"):
+            raise FieldError(
+                next(iter(named)),
+                f"names the schedule {sorted(values)} while optim.lr_scheduler={self.lr_scheduler!r}; these keys are "
+                "one setting, set one of them.",
+            )
+        return values.pop() if values else self.lr_scheduler
+
+    def num_warmup_steps(self, total_training_steps: int) -> int:
+        """Warm-up steps: ``lr_warmup_steps``, or (when it is -1, verl's default) ``lr_warmup_steps_ratio`` of
+        the run's ``total_training_steps``, rounded down as verl does."""
+        if self.lr_warmup_steps >= 0:
+            return self.lr_warmup_steps
+        return int(self.lr_warmup_steps_ratio * total_training_steps)
 
     def loss_scale(self) -> LossScaleConfig:
         """The dynamic loss-scale settings of this section."""

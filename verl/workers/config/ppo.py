@@ -10,17 +10,29 @@ trainer and workers ask the same question the same way.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from verl.workers.config.algorithm import (
     FilterGroupsConfig,
     KLControlConfig,
-    OverlongBufferConfig,
     RolloutCorrectionConfig,
 )
+from verl.workers.config.compat import CustomClsConfig, GlobalProfilerConfig, PFPPOConfig, check_ref_strategy
+from verl.workers.config.lora import check_lora
+from verl.workers.config.megatron import check_megatron_sections
+from verl.workers.config.reward_model import RewardModelConfig
 from verl.workers.config.roles import FSDP_STRATEGIES, ActorConfig, CriticConfig, KLType, ModelConfig, RefConfig
-from verl.workers.config.rollout import VLLM_ROLLOUT_KEYS, RolloutConfig
-from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
+from verl.workers.config.rollout import VLLM_ROLLOUT_KEYS, RolloutConfig, check_rollout_layout
+from verl.workers.config.schema import (
+    BaseConfig,
+    FieldError,
+    build_config,
+    check_int,
+    check_number,
+    check_one_of,
+    refuse_unavailable,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +56,18 @@ class DataConfig(BaseConfig):
     return_raw_chat: bool
     shuffle: bool
     seed: int
+    trust_remote_code: bool
+    apply_chat_template_kwargs: Any
+    custom_cls: CustomClsConfig
+    image_key: str
+    video_key: str
 
     def check(self) -> None:
+        if not isinstance(self.apply_chat_template_kwargs, Mapping):
+            raise FieldError(
+                "apply_chat_template_kwargs",
+                f"must be a mapping of keyword arguments, got {self.apply_chat_template_kwargs!r}.",
+            )
         check_int(self, "num_train_examples", 1)
         check_int(self, "num_val_examples", 0)
         check_int(self, "train_batch_size", 1)
@@ -65,28 +87,18 @@ class ActorRolloutRefConfig(BaseConfig):
     actor: ActorConfig
     ref: RefConfig
     rollout: RolloutConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardModelConfig(BaseConfig):
-    """``reward_model``: the reward manager and an optional custom scoring function."""
-
-    KEY: ClassVar[str] = "reward_model"
-
-    reward_manager: str
-    custom_score_fn: str | None
-    overlong_buffer: OverlongBufferConfig
+    hybrid_engine: bool
+    nccl_timeout: float | None
 
     def check(self) -> None:
-        from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
-
-        check_one_of(self, "reward_manager", REWARD_MANAGER_REGISTRY.names(), "registered reward managers")
-        if self.overlong_buffer.enable and self.reward_manager != "dapo":
+        if not self.hybrid_engine:
             raise FieldError(
-                "overlong_buffer.enable",
-                f"=true, but the {self.reward_manager!r} reward manager does not read it: the overlong penalty is the "
-                "dapo manager's; set reward_model.reward_manager=dapo.",
+                "hybrid_engine",
+                "=false asks for a rollout worker group of its own, which this project does not have: the rollout "
+                "always lives in the actor worker. Set it to true.",
             )
+        check_number(self, "nccl_timeout", 0.0, exclusive_min=True)
+        check_ref_strategy(self.actor.strategy, self.ref.strategy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +128,8 @@ class AlgorithmConfig(BaseConfig):
     filter_groups: FilterGroupsConfig
     rollout_correction: RolloutCorrectionConfig
     kl_ctrl: KLControlConfig
+    use_pf_ppo: bool
+    pf_ppo: PFPPOConfig
 
     # estimators that need what this trainer does not produce, and what that is
     UNAVAILABLE_ESTIMATORS: ClassVar[dict[str, str]] = {
@@ -138,6 +152,13 @@ class AlgorithmConfig(BaseConfig):
         check_number(self, "gamma", 0.0, 1.0)
         check_number(self, "lam", 0.0, 1.0)
         self._check_gdpo()
+        refuse_unavailable(self, "use_pf_ppo", "PF-PPO sample reweighting (not implemented here yet)")
+        if self.use_pf_ppo and self.adv_estimator != "gae":  # verl applies PF-PPO in its gae branch only
+            raise FieldError(
+                "use_pf_ppo",
+                f"=true reweights GAE samples (PF-PPO); with adv_estimator={self.adv_estimator} nothing would read "
+                "it. Use adv_estimator=gae, or set use_pf_ppo=false.",
+            )
 
     def _check_gdpo(self) -> None:
         keys, weights = self.gdpo_reward_keys, self.gdpo_reward_weights
@@ -181,9 +202,17 @@ class TrainerConfig(BaseConfig):
     max_restarts: int
     collective_timeout_s: float
     placement_timeout_s: float
+    log_val_generations: int
+    max_actor_ckpt_to_keep: int | None
+    max_critic_ckpt_to_keep: int | None
+    use_legacy_worker_impl: Literal["auto", "enable", "disable"]
 
     def check(self) -> None:
         from verl.utils.tracking import LOGGERS
+
+        check_int(self, "log_val_generations", 0)
+        check_int(self, "max_actor_ckpt_to_keep", 1)
+        check_int(self, "max_critic_ckpt_to_keep", 1)
 
         check_int(self, "total_epochs", 1)
         check_int(self, "total_training_steps", 1)
@@ -235,6 +264,7 @@ class PPOConfig(BaseConfig):
     algorithm: AlgorithmConfig
     trainer: TrainerConfig
     ray_init: RayInitConfig
+    global_profiler: GlobalProfilerConfig
 
     @classmethod
     def from_omegaconf(cls, config: Any, defaults: Any = None) -> PPOConfig:
@@ -262,16 +292,35 @@ class PPOConfig(BaseConfig):
 
     # ------------------------------------------------------------------ cross-section rules
 
+    def _check_megatron_layout(self) -> None:
+        """main_ppo runs megatron tensor parallelism (the actor's; ranks of a tensor-parallel group share their
+        data); pipeline stages and a split critic are refused here, before any worker starts."""
+        actor = self.actor_rollout_ref.actor
+        key = "actor_rollout_ref.actor.megatron"
+        if actor.strategy == "megatron" and actor.megatron.pipeline_model_parallel_size > 1:
+            raise ValueError(
+                f"{key}.pipeline_model_parallel_size={actor.megatron.pipeline_model_parallel_size}: main_ppo does not "
+                "run pipeline parallelism: on CPU megatron-core's pipeline schedules do not run (they are CUDA-only), "
+                "and its workers' rollout and log-prob passes need the whole pipeline on a rank. Set it to 1 and use "
+                f"{key}.tensor_model_parallel_size and trainer.n_gpus_per_node instead."
+            )
+        tp = actor.megatron.tensor_model_parallel_size if actor.strategy == "megatron" else 1
+        if self.world_size % tp:
+            raise ValueError(
+                f"{key}.tensor_model_parallel_size={tp} does not divide the {self.world_size} ranks "
+                "(trainer.nnodes x trainer.n_gpus_per_node); make the rank count a multiple of it."
+            )
+        if self.needs_critic and self.critic_strategy == "megatron" and self.critic.megatron.is_model_parallel:
+            raise ValueError(
+                "critic.megatron.tensor_model_parallel_size and pipeline_model_parallel_size must be 1: the megatron "
+                "critic is not split over ranks yet; scale it out with data parallelism (trainer.n_gpus_per_node)."
+            )
+
     def check(self) -> None:
         actor = self.actor_rollout_ref.actor
         if self.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
             raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
-        if actor.strategy == "megatron" and actor.megatron.is_model_parallel:
-            raise ValueError(
-                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size and pipeline_model_parallel_size must "
-                "be 1 in main_ppo: its workers load the Hugging Face weights, which needs whole models per rank; "
-                "scale out with trainer.n_gpus_per_node (data parallel) instead."
-            )
+        self._check_megatron_layout()
         self._check_hf_only_features()
         if self.algorithm.adv_estimator == "gae" and not self.needs_critic:
             raise ValueError("algorithm.adv_estimator=gae needs a value model: set critic.enable=true (or auto).")
@@ -288,11 +337,14 @@ class PPOConfig(BaseConfig):
                 "reward_model.custom_score_fn and custom_reward_function.path both name a scoring function; set one."
             )
         self._check_rollout_log_probs_as_old()
+        self._check_rollout()
         self._check_dapo()
         self._check_token_budgets()
         self._check_batch_sizes()
         self._check_fire_drill_ranks()
         self._check_training_paths()
+        check_megatron_sections(self)
+        check_lora(self)
 
     def _check_dapo(self) -> None:
         buffer, filter_groups = self.reward_model.overlong_buffer, self.algorithm.filter_groups
@@ -318,6 +370,19 @@ class PPOConfig(BaseConfig):
                     "policy instead, or turn use_rollout_log_probs off."
                 )
 
+    def _check_rollout(self) -> None:
+        """The rollout's rules that read other sections: its parallel layout in the actor group, and the rollout
+        log-probs (``calculate_log_probs``) that rollout correction and bypass mode need."""
+        arr = self.actor_rollout_ref
+        check_rollout_layout(arr.rollout, arr.actor, self.world_size, self.data.max_prompt_length)
+        needs_log_probs = self.algorithm.rollout_correction.enabled or arr.actor.use_rollout_log_probs
+        if needs_log_probs and not arr.rollout.calculate_log_probs:
+            raise ValueError(
+                "actor_rollout_ref.rollout.calculate_log_probs=false leaves the rollout's log-probs out of the batch, "
+                "and algorithm.rollout_correction (or actor.use_rollout_log_probs) needs them; set "
+                "actor_rollout_ref.rollout.calculate_log_probs=true."
+            )
+
     def _check_hf_only_features(self) -> None:
         """Activation checkpointing and padding-free passes run on Hugging Face models (dp, fsdp2) only."""
         models = [("actor_rollout_ref.model", self.actor_rollout_ref.actor.strategy, self.actor_rollout_ref.model)]
@@ -338,6 +403,9 @@ class PPOConfig(BaseConfig):
         return sections
 
     def _check_batch_sizes(self) -> None:
+        """verl's batch-size rules (its ``validate_config`` and its workers' normalisation): mini-batches of prompts
+        x ``rollout.n`` split over the ranks, a micro-batch size wherever a pass has no token budget, and a set
+        micro-batch size dividing the per-rank mini-batch (checked, as verl does, even with a token budget)."""
         world, n = self.trainer.world_size, self.actor_rollout_ref.rollout.n
         train_bs = self.data.train_batch_size
         if train_bs % world:
@@ -345,6 +413,7 @@ class PPOConfig(BaseConfig):
                 f"data.train_batch_size={train_bs} must be a multiple of the {world} data-parallel workers "
                 f"(trainer.n_gpus_per_node x trainer.nnodes)."
             )
+        self._check_micro_batch_sizes_set()
         for section, key in self._trained_sections():
             mini, micro = section.ppo_mini_batch_size, section.ppo_micro_batch_size_per_gpu
             if train_bs % mini:
@@ -352,10 +421,45 @@ class PPOConfig(BaseConfig):
                     f"data.train_batch_size={train_bs} is not a multiple of {key}.ppo_mini_batch_size={mini}; each "
                     f"training batch must split into whole mini-batches."
                 )
-            if (mini * n) % world or (not section.use_dynamic_bsz and ((mini * n) // world) % micro):
+            dp = world // self._tensor_parallel_size(section)  # ranks of one tensor-parallel group share rows
+            if (mini * n) % dp or (micro is not None and ((mini * n) // dp) % micro):
                 raise ValueError(
-                    f"{key}.ppo_mini_batch_size x rollout.n = {mini * n} samples over {world} rank(s) must give a "
-                    f"multiple of {key}.ppo_micro_batch_size_per_gpu={micro} per rank; change one of them."
+                    f"{key}.ppo_mini_batch_size x rollout.n = {mini * n} samples over {dp} data-parallel rank(s) "
+                    f"must give a multiple of {key}.ppo_micro_batch_size_per_gpu={micro} per rank; change one of them."
+                )
+
+    def _tensor_parallel_size(self, section) -> int:
+        """How many ranks split ``section``'s model (megatron tensor parallelism; 1 for any other backend)."""
+        strategy = self.critic_strategy if section is self.critic else self.actor_rollout_ref.actor.strategy
+        return section.megatron.tensor_model_parallel_size if strategy == "megatron" else 1
+
+    def _check_micro_batch_sizes_set(self) -> None:
+        """Each pass that runs splits by a sample count unless it and the actor both have token budgets (verl asks
+        for the log-prob passes' sizes whenever the actor's ``use_dynamic_bsz`` is false)."""
+        arr, actor_dynamic = self.actor_rollout_ref, self.actor_rollout_ref.actor.use_dynamic_bsz
+        passes = [
+            (ActorConfig.KEY, "ppo_micro_batch_size_per_gpu", arr.actor.ppo_micro_batch_size_per_gpu, actor_dynamic),
+            (
+                "actor_rollout_ref.rollout",
+                "log_prob_micro_batch_size_per_gpu",
+                arr.rollout.log_prob_micro_batch_size_per_gpu,
+                actor_dynamic and arr.rollout.log_prob_use_dynamic_bsz,
+            ),
+        ]
+        if self.needs_reference:
+            size, dynamic = arr.ref.log_prob_micro_batch_size_per_gpu, arr.ref.log_prob_use_dynamic_bsz
+            passes.append((RefConfig.KEY, "log_prob_micro_batch_size_per_gpu", size, actor_dynamic and dynamic))
+        if self.needs_critic:
+            for name in ("ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+                passes.append(("critic", name, getattr(self.critic, name), self.critic.use_dynamic_bsz))
+        for section, name, size, dynamic in passes:
+            if size is None and not dynamic:
+                budget = f"{CriticConfig.KEY if section == 'critic' else ActorConfig.KEY}.ppo_max_token_len_per_gpu"
+                raise ValueError(
+                    f"{section}.{name} is not set: it is required (as in verl) unless micro-batches are cut by "
+                    f"token budget. Set {section}.{name}=<samples per micro-batch on each rank>, or set "
+                    f"actor_rollout_ref.actor.use_dynamic_bsz=true (critic.use_dynamic_bsz for the critic) with "
+                    f"{budget}."
                 )
 
     def _check_token_budgets(self) -> None:

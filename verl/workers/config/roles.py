@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from verl.workers.config.compat import ProfilerConfig, check_ulysses
+from verl.workers.config.lora import MegatronLoraConfig, check_lora_fields
+from verl.workers.config.megatron import MegatronConfig
 from verl.workers.config.optim import OptimConfig
 from verl.workers.config.schema import (
     BaseConfig,
@@ -47,9 +50,20 @@ class MicroBatching:
     fit ``max_token_len`` real tokens (see :func:`verl.utils.micro_batching.split_micro_batches`). Not a section
     of the YAML: each section that has these three settings hands them over as one."""
 
-    size: int
+    size: int | None  # None only with use_dynamic_bsz (PPOConfig refuses it otherwise)
     use_dynamic_bsz: bool
     max_token_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedKernelOptionsConfig(BaseConfig):
+    """``actor_rollout_ref.model.fused_kernel_options``: how ``use_fused_kernels`` computes (``verl.utils.kernel``).
+
+    ``impl_backend``: ``torch`` or verl's ``triton``; both are served by the chunked PyTorch kernel, which computes
+    the same log-probs and entropy on every device (verl's Triton kernel itself is not provided).
+    """
+
+    impl_backend: Literal["torch", "triton"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +78,27 @@ class ModelConfig(BaseConfig):
     use_remove_padding: bool
     use_onednn_linear: bool
     use_fused_kernels: bool
+    fused_kernel_options: FusedKernelOptionsConfig
+    trust_remote_code: bool
+    use_shm: bool
+    # LoRA through peft (docs/advance/lora.md); the rules that read other sections: verl.workers.config.lora
+    lora_rank: int
+    lora_alpha: float
+    target_modules: str | list[str]
+    exclude_modules: str | list[str] | None
+    lora_adapter_path: str | None
+    lora: MegatronLoraConfig
 
     def check(self) -> None:
-        refuse_unavailable(self, "use_fused_kernels", "fused log-prob kernels are not available on these backends")
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
+        refuse_unavailable(self, "use_shm", "copying the model to shared memory (/dev/shm) before loading it")
+        check_lora_fields(self)
+
+    @property
+    def uses_lora(self) -> bool:
+        """Whether the actor trains LoRA adapters (``lora_rank > 0``) instead of all its weights."""
+        return self.lora_rank > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +115,9 @@ class FSDPConfig(BaseConfig):
     param_offload: bool
     optimizer_offload: bool
     reshard_after_forward: bool
+    # verl's FSDP1 flat-parameter switch; FSDP2 has no flat parameters, so both values mean what true means
+    use_orig_params: bool
+    forward_prefetch: bool
     wrap_policy: WrapPolicyConfig
 
 
@@ -94,6 +127,7 @@ class RefFSDPConfig(BaseConfig):
 
     param_offload: bool
     reshard_after_forward: bool
+    forward_prefetch: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +139,21 @@ class CriticModelConfig(BaseConfig):
     use_remove_padding: bool
     use_onednn_linear: bool
     fsdp_config: FSDPConfig
+    trust_remote_code: bool
+    lora_rank: int
+    lora_alpha: float
+    target_modules: str | list[str]
 
     def check(self) -> None:
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
+        check_int(self, "lora_rank", 0)
+        if self.lora_rank:
+            raise FieldError(
+                "lora_rank",
+                f"={self.lora_rank}: LoRA on the value model is not provided here yet (the actor has it, "
+                "actor_rollout_ref.model.lora_rank); set critic.model.lora_rank=0.",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,61 +169,6 @@ class FaultInjectionConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class MegatronConfig(BaseConfig):
-    """Model-parallel layout and optimizer choice of a megatron-core model."""
-
-    tensor_model_parallel_size: int
-    pipeline_model_parallel_size: int
-    use_megatron_optimizer: bool | Literal["auto"]
-
-    def check(self) -> None:
-        check_int(self, "tensor_model_parallel_size", 1)
-        check_int(self, "pipeline_model_parallel_size", 1)
-
-    @property
-    def is_model_parallel(self) -> bool:
-        return (self.tensor_model_parallel_size, self.pipeline_model_parallel_size) != (1, 1)
-
-    def training_path(self, device_type: str, key: str, *, has_megatron_optimizer_path: bool = True) -> bool:
-        """Whether to train with megatron-core's optimizer, DDP and schedules (else the torch.optim adapter).
-
-        ``auto`` takes megatron-core's path on CUDA and the adapter on CPU. A model without a megatron-core
-        optimizer path (``has_megatron_optimizer_path=False``, the critic today) always takes the adapter.
-
-        Args:
-            device_type: "cpu" or "cuda".
-            key: the section's full key, for messages (``actor_rollout_ref.actor.megatron``).
-            has_megatron_optimizer_path: whether the model can train on megatron-core's optimizer at all.
-
-        Raises:
-            ValueError: megatron-core's optimizer without CUDA or where the model lacks that path, or model
-                parallelism on the adapter path.
-        """
-        choice = self.use_megatron_optimizer
-        on_cuda = device_type == "cuda"
-        if choice is True and not has_megatron_optimizer_path:
-            raise ValueError(
-                f"{key}.use_megatron_optimizer=true: this model has no megatron-core optimizer path yet; set it to "
-                f"auto or false (the torch.optim adapter)."
-            )
-        if choice is True and not on_cuda:
-            raise ValueError(
-                f"{key}.use_megatron_optimizer=true needs CUDA: megatron-core's optimizer, DDP and schedules are "
-                f"CUDA-only. Use auto (the torch.optim adapter on CPU) or run with trainer.device=cuda."
-            )
-        use_megatron = has_megatron_optimizer_path and (on_cuda if choice == "auto" else bool(choice))
-        if choice == "auto" and on_cuda and not has_megatron_optimizer_path:
-            logger.warning("%s: no megatron-core optimizer path for this model yet; using the torch.optim adapter", key)
-        if not use_megatron and self.is_model_parallel:
-            raise ValueError(
-                f"{key}: tensor/pipeline parallel sizes {self.tensor_model_parallel_size}/"
-                f"{self.pipeline_model_parallel_size} need megatron-core's optimizer path (CUDA); on the torch.optim "
-                f"adapter path both must be 1."
-            )
-        return use_megatron
-
-
-@dataclasses.dataclass(frozen=True)
 class TrainedModelConfig(BaseConfig):
     """What actor and critic share: precision, batch sizes, passes, optimizer, failure policy, fire drill, seed.
 
@@ -190,7 +180,7 @@ class TrainedModelConfig(BaseConfig):
 
     dtype: DType
     ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: int
+    ppo_micro_batch_size_per_gpu: int | None
     use_dynamic_bsz: bool
     ppo_max_token_len_per_gpu: int
     ppo_epochs: int
@@ -201,8 +191,11 @@ class TrainedModelConfig(BaseConfig):
     optim: OptimConfig
     megatron: MegatronConfig
     seed: int
+    ulysses_sequence_parallel_size: int
+    profiler: ProfilerConfig
 
     def check(self) -> None:
+        check_ulysses(self)
         check_int(self, "ppo_mini_batch_size", 1)
         check_int(self, "ppo_micro_batch_size_per_gpu", 1)
         check_int(self, "ppo_max_token_len_per_gpu", 1)
@@ -302,6 +295,7 @@ class ActorConfig(TrainedModelConfig):
     fsdp_config: FSDPConfig
     recompute_old_log_prob: Literal["auto", True]
     use_rollout_log_probs: bool
+    freeze_vision_tower: bool
     policy_loss: PolicyLossConfig
     clip_ratio: float
     clip_ratio_low: float | None
@@ -315,6 +309,9 @@ class ActorConfig(TrainedModelConfig):
     tau_neg: float
     loss_scale_factor: float | None
     use_torch_compile: bool
+    use_fused_kernels: bool
+    entropy_from_logits_with_chunking: bool
+    entropy_checkpointing: bool
 
     def __post_init__(self) -> None:
         # a bare loss name or a mapping handed to the constructor (replace(policy_loss="gspo")) becomes the section
@@ -325,7 +322,11 @@ class ActorConfig(TrainedModelConfig):
 
     def check(self) -> None:
         super().check()
-        refuse_unavailable(self, "use_torch_compile", "torch.compile of the actor is not available yet")
+        refuse_unavailable(self, "freeze_vision_tower", "a vision tower to freeze (multimodal models are out of scope)")
+        if self.strategy == "megatron":
+            # the megatron actor runs megatron-core's own forward (its fused layers and schedules), not the module
+            # call this switch wraps (use_fused_kernels runs in its output layer: verl.models.mcore.fused_head)
+            refuse_unavailable(self, "use_torch_compile", "torch.compile of the megatron actor's forward")
         check_number(self, "tau_pos", 0.0, exclusive_min=True)
         check_number(self, "tau_neg", 0.0, exclusive_min=True)
         check_number(self, "loss_scale_factor", 0.0, exclusive_min=True)
@@ -343,12 +344,22 @@ class RefConfig(BaseConfig):
     KEY: ClassVar[str] = "actor_rollout_ref.ref"
 
     enable: bool | Literal["auto"]
-    log_prob_micro_batch_size_per_gpu: int
+    strategy: Strategy
+    use_torch_compile: bool
+    entropy_from_logits_with_chunking: bool
+    log_prob_micro_batch_size_per_gpu: int | None
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
     fsdp_config: RefFSDPConfig
+    ulysses_sequence_parallel_size: int
+    profiler: ProfilerConfig
+    # the reference's megatron layout (strategy megatron); its sizes follow the actor's in the YAML
+    megatron: MegatronConfig
 
     def check(self) -> None:
+        check_ulysses(self)
+        if self.strategy == "megatron":
+            refuse_unavailable(self, "use_torch_compile", "torch.compile of the megatron reference's forward")
         check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
         check_int(self, "log_prob_max_token_len_per_gpu", 1)
 
@@ -369,7 +380,7 @@ class CriticConfig(TrainedModelConfig):
     enable: bool | Literal["auto"]
     strategy: Strategy | None
     model: CriticModelConfig
-    forward_micro_batch_size_per_gpu: int
+    forward_micro_batch_size_per_gpu: int | None
     forward_max_token_len_per_gpu: int
     cliprange_value: float
 

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from verl.workers.config.roles import MicroBatching
-from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number, check_one_of
+from verl.workers.config.schema import (
+    BaseConfig,
+    FieldError,
+    build_config,
+    check_int,
+    check_int_list,
+    check_number,
+    check_one_of,
+)
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout"
 
@@ -54,6 +62,8 @@ class SamplingParams(BaseConfig):
             one); 1.0 turns it off.
         do_sample: False means greedy decoding whatever the temperature.
         seed: seeds the rollout's own random source; None uses torch's global random state.
+        ignore_eos: generate ``response_length`` tokens whatever they are (an eos token does not end a response);
+            fixed when the rollout is built, not overridable per call.
     """
 
     KEY: ClassVar[str] = ROLLOUT_KEY
@@ -65,6 +75,7 @@ class SamplingParams(BaseConfig):
     top_p: float
     do_sample: bool
     seed: int | None
+    ignore_eos: bool
 
     def check(self) -> None:
         check_sampling_options(self)
@@ -111,34 +122,111 @@ class SamplingParams(BaseConfig):
 
 @dataclasses.dataclass(frozen=True)
 class ValKwargsConfig(BaseConfig):
-    """How validation prompts are answered (greedy by default)."""
+    """How validation prompts are answered (greedy by default): the trainer sends these as the per-call overrides
+    of every validation batch (see :data:`OVERRIDABLE_KEYS`)."""
 
     n: int
     do_sample: bool
     temperature: float
+    top_k: int
+    top_p: float
 
     def check(self) -> None:
         check_sampling_options(self)
 
+    def as_overrides(self) -> dict[str, Any]:
+        """The ``meta_info`` of a validation batch: every option of this section, under its rollout name."""
+        return {name: getattr(self, name) for name in OVERRIDABLE_KEYS}
+
 
 # The keys only the vLLM engine reads (refused, when changed, with another rollout).
 VLLM_ROLLOUT_KEYS = (
+    "dtype",
     "gpu_memory_utilization",
     "enforce_eager",
+    "cudagraph_capture_sizes",
     "enable_chunked_prefill",
+    "enable_prefix_caching",
     "max_num_batched_tokens",
     "max_num_seqs",
+    "max_model_len",
+    "disable_log_stats",
     "free_cache_engine",
-    "tensor_model_parallel_size",
+    "load_format",
+    "layered_summon",
+    "multi_stage_wake_up",
     "engine_kwargs",
+    "checkpoint_engine",
+)
+
+# verl's rollout engines that are out of scope here, and why (refused by name at start-up).
+OUT_OF_SCOPE_ROLLOUTS = {
+    "sglang": "SGLang rollouts are out of scope here (this project runs vLLM, and its own naive and hf samplers)",
+    "trtllm": "TensorRT-LLM rollouts are out of scope here (this project runs vLLM, and its own naive and hf samplers)",
+}
+MULTI_TURN_WHY = (
+    "multi-turn rollouts with tool calling and interactions (verl's agent loops: tool servers, sandboxes, chat "
+    "turns) are out of scope here; every rollout answers each prompt in one turn"
 )
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineKwargsConfig(BaseConfig):
-    """Extra keyword arguments of an engine, passed as given (``engine_kwargs.vllm`` for ``vllm.LLM``)."""
+    """Extra keyword arguments of an engine, passed as given (``engine_kwargs.vllm`` for ``vllm.LLM``); verl's
+    ``sglang`` and ``trtllm`` mappings exist so that their empty defaults are accepted, and are refused when set."""
 
     vllm: dict
+    sglang: dict
+    trtllm: dict
+
+    def check(self) -> None:
+        for name in ("sglang", "trtllm"):
+            # verl's own default of sglang names attention_backend: null, so null entries count as unset
+            if any(value is not None for value in getattr(self, name).values()):
+                raise FieldError(name, f"is set, but {OUT_OF_SCOPE_ROLLOUTS[name]}. Remove it (leave it {{}}).")
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiTurnConfig(BaseConfig):
+    """verl's ``multi_turn`` section: accepted with ``enable: false`` (its other keys then read by nothing, as in
+    verl); ``enable: true`` is refused, tool-calling multi-turn rollouts being out of scope."""
+
+    enable: bool
+    max_assistant_turns: int | None
+    tool_config_path: str | None
+    max_user_turns: int | None
+    max_parallel_calls: int
+    max_tool_response_length: int
+    tool_response_truncate_side: str
+    interaction_config_path: str | None
+    use_inference_chat_template: bool
+    tokenization_sanity_check_mode: str
+    format: str
+    num_repeat_rollouts: int | None
+
+    def check(self) -> None:
+        if self.enable:
+            raise FieldError("enable", f"=true asks for {MULTI_TURN_WHY}. Set it to false.")
+        for name in ("tool_config_path", "interaction_config_path"):
+            if getattr(self, name) is not None:
+                raise FieldError(name, f"is set, but {MULTI_TURN_WHY}. Leave it null.")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointEngineConfig(BaseConfig):
+    """verl's ``checkpoint_engine``: how the trainer's weights reach the vLLM engine. ``naive`` (in-process copy) is
+    the one backend; the weights go one tensor at a time, so a bucket is never fuller than one tensor."""
+
+    backend: Literal["naive"]
+    update_weights_bucket_megabytes: int
+    engine_kwargs: dict
+
+    def check(self) -> None:
+        check_int(self, "update_weights_bucket_megabytes", 1)
+        if self.engine_kwargs:
+            raise FieldError(
+                "engine_kwargs", "is set, but the naive checkpoint engine takes no arguments; leave it {}."
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,37 +236,64 @@ class RolloutConfig(BaseConfig):
     KEY: ClassVar[str] = ROLLOUT_KEY
 
     name: str
+    mode: Literal["sync", "async"]
     n: int
     temperature: float
     top_p: float
     top_k: int
     do_sample: bool
     response_length: int
+    prompt_length: int
     seed: int
-    log_prob_micro_batch_size_per_gpu: int
+    ignore_eos: bool
+    calculate_log_probs: bool
+    log_prob_micro_batch_size_per_gpu: int | None
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
+    dtype: Literal["float16", "bfloat16", "float32"] | None
     gpu_memory_utilization: float
     enforce_eager: bool
+    cudagraph_capture_sizes: list[int] | None
     enable_chunked_prefill: bool
+    enable_prefix_caching: bool
     max_num_batched_tokens: int
     max_num_seqs: int
+    max_model_len: int | None
+    disable_log_stats: bool
     free_cache_engine: bool
+    load_format: str
+    layered_summon: bool
+    multi_stage_wake_up: bool
     tensor_model_parallel_size: int
+    data_parallel_size: int
+    expert_parallel_size: int
+    pipeline_model_parallel_size: int
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
+    multi_turn: MultiTurnConfig
+    checkpoint_engine: CheckpointEngineConfig
 
     def check(self) -> None:
         from verl.workers.rollout import ROLLOUT_REGISTRY
 
+        if self.name in OUT_OF_SCOPE_ROLLOUTS:
+            raise FieldError("name", f"={self.name}: {OUT_OF_SCOPE_ROLLOUTS[self.name]}. Use name=vllm or naive.")
         check_one_of(self, "name", ROLLOUT_REGISTRY.names(), "registered rollouts")
         check_sampling_options(self)
+        if self.ignore_eos and self.name == "hf":
+            raise FieldError("ignore_eos", "=true is not supported by the hf rollout; use name=naive or vllm.")
+        check_int(self, "prompt_length", 1)
         check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
         check_int(self, "log_prob_max_token_len_per_gpu", 1)
         check_number(self, "gpu_memory_utilization", 0.0, 1.0, exclusive_min=True)
+        check_int_list(self, "cudagraph_capture_sizes", 1)
         check_int(self, "max_num_batched_tokens", 1)
         check_int(self, "max_num_seqs", 1)
+        check_int(self, "max_model_len", 1)
         check_int(self, "tensor_model_parallel_size", 1)
+        for name, why in PARALLEL_SIZES_OF_ONE.items():
+            if getattr(self, name) != 1:
+                raise FieldError(name, f"={getattr(self, name)}: {why}; set it to 1.")
 
     def log_prob_micro_batching(self) -> MicroBatching:
         """How the actor's old-log-prob pass splits a batch (verl keeps these keys under ``rollout``)."""
@@ -187,6 +302,66 @@ class RolloutConfig(BaseConfig):
         )
 
     def sampling_options(self, seed_offset: int = 0) -> SamplingParams:
-        """The options a rollout samples with (``seed`` shifted by ``seed_offset``: ranks sample differently)."""
+        """The options a rollout samples with (``seed`` shifted by ``seed_offset``: engines sample differently)."""
         options = {field.name: getattr(self, field.name) for field in dataclasses.fields(SamplingParams)}
         return SamplingParams(**{**options, "seed": self.seed + seed_offset})
+
+
+# verl's rollout parallel sizes that stay 1 here, and why.
+PARALLEL_SIZES_OF_ONE = {
+    "data_parallel_size": (
+        "the colocated engines are data parallel already (one per tensor-parallel group of the actor's ranks, "
+        "trainer.nnodes x trainer.n_gpus_per_node / tensor_model_parallel_size of them), and vLLM's own data "
+        "parallelism inside one engine (for mixture-of-experts servers) is not used"
+    ),
+    "expert_parallel_size": "expert parallelism of a mixture-of-experts engine is not supported by this rollout",
+    "pipeline_model_parallel_size": (
+        "the colocated vLLM engine runs tensor parallelism only (vLLM's in-process launcher has no pipeline stages)"
+    ),
+}
+
+
+def check_rollout_layout(rollout: RolloutConfig, actor: Any, world_size: int, max_prompt_length: int) -> None:
+    """The rules between the rollout and the actor it lives in (the hybrid engine), checked before Ray starts.
+
+    ``tensor_model_parallel_size`` (TP) means: ``vllm``, the engine spans TP consecutive ranks of the actor group
+    (TP must divide the rank count); ``naive``/``hf``, they sample from the training model, which is split the way
+    the actor trains it, so TP must be 1 for ``dp``/``fsdp`` and equal the megatron actor's tensor-parallel size.
+
+    Args:
+        rollout: the rollout section.
+        actor: the actor section (``strategy`` and ``megatron.tensor_model_parallel_size`` are read).
+        world_size: the actor group's rank count (``trainer.nnodes x trainer.n_gpus_per_node``).
+        max_prompt_length: ``data.max_prompt_length``, which ``prompt_length`` must hold.
+
+    Raises:
+        ValueError: a rule is broken; the message names the key and the fix.
+    """
+    key = f"{ROLLOUT_KEY}.tensor_model_parallel_size"
+    tp = rollout.tensor_model_parallel_size
+    if rollout.name == "vllm":
+        if world_size % tp:
+            raise ValueError(
+                f"{key}={tp} does not divide the actor's {world_size} ranks (trainer.nnodes x "
+                "trainer.n_gpus_per_node): each vLLM engine spans that many consecutive ranks; make the rank count a "
+                "multiple of it."
+            )
+    else:
+        actor_tp = actor.megatron.tensor_model_parallel_size if actor.strategy == "megatron" else 1
+        if tp != actor_tp:
+            where = (
+                f"the megatron actor's actor_rollout_ref.actor.megatron.tensor_model_parallel_size={actor_tp}"
+                if actor.strategy == "megatron"
+                else f"1 with strategy={actor.strategy} (the model is not split by tensor parallelism)"
+            )
+            raise ValueError(
+                f"{key}={tp} with {ROLLOUT_KEY}.name={rollout.name}: this rollout samples from the training model, "
+                f"split as the actor trains it, so the size must be {where}. Set {key}={actor_tp}, or use "
+                f"{ROLLOUT_KEY}.name=vllm for an engine of its own."
+            )
+    if rollout.prompt_length < max_prompt_length:
+        raise ValueError(
+            f"{ROLLOUT_KEY}.prompt_length={rollout.prompt_length} is shorter than data.max_prompt_length="
+            f"{max_prompt_length}: the engine's context must hold the longest prompt; raise it (or leave it at its "
+            "default, ${data.max_prompt_length})."
+        )

@@ -55,6 +55,7 @@ class ValueModel(torch.nn.Module):
         device: str | torch.device = "cpu",
         head_init_std: float = DEFAULT_HEAD_INIT_STD,
         seed: int = 1,
+        trust_remote_code: bool = False,
     ) -> ValueModel:
         """A value model on the backbone of a causal LM (a path, ``None``/"default" for the tiny model, or a module).
 
@@ -69,7 +70,9 @@ class ValueModel(torch.nn.Module):
         else:
             from verl.models.loading import load_hf_causal_lm
 
-            lm = load_hf_causal_lm(path_or_model, dtype=torch.float32, device=device)
+            lm = load_hf_causal_lm(
+                path_or_model, dtype=torch.float32, device=device, trust_remote_code=trust_remote_code
+            )
         hidden_size = getattr(getattr(lm, "config", None), "hidden_size", None)
         if hidden_size is None:
             raise ValueError(
@@ -158,7 +161,12 @@ def build_dp_critic(
     if isinstance(model_path_or_hf_model, ValueModel):
         module = model_path_or_hf_model.to(device)
     else:
-        module = ValueModel.from_pretrained_lm(model_path_or_hf_model, device=device, seed=critic_config.seed)
+        module = ValueModel.from_pretrained_lm(
+            model_path_or_hf_model,
+            device=device,
+            seed=critic_config.seed,
+            trust_remote_code=critic_config.model.trust_remote_code,
+        )
     if critic_config.model.use_onednn_linear:
         use_onednn_linear(module, device)
     optimizer, scheduler = build_amp_optimizer(

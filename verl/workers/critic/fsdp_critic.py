@@ -71,7 +71,12 @@ def build_fsdp_critic(
         module = model_path_or_module
     else:
         # the whole model is built once in CPU memory; fully_shard then keeps this rank's shards on the mesh device
-        module = ValueModel.from_pretrained_lm(model_path_or_module, device="cpu", seed=critic_config.seed)
+        module = ValueModel.from_pretrained_lm(
+            model_path_or_module,
+            device="cpu",
+            seed=critic_config.seed,
+            trust_remote_code=critic_config.model.trust_remote_code,
+        )
     if critic_config.model.enable_gradient_checkpointing:
         enable_activation_checkpointing(module.backbone)
     # padding-free passes (critic.model.use_remove_padding); each rank packs its own rows to its own length

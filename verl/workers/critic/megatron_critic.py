@@ -111,9 +111,30 @@ def build_megatron_critic(
     device = torch.device(device)
     dtype = TORCH_DTYPES[critic_config.dtype]
     # the one chooser of the training path, told that the critic has no megatron-core optimizer path yet
-    critic_config.megatron.training_path(device.type, f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
-    model = build_gpt_model(hf_config, torch.float32, device, seed=critic_config.seed)
-    if hf_state_dict is not None:
+    megatron = critic_config.megatron
+    if megatron.is_model_parallel:
+        raise ValueError(
+            f"{CriticConfig.KEY}.megatron: tensor/pipeline parallel sizes {megatron.tensor_model_parallel_size}/"
+            f"{megatron.pipeline_model_parallel_size}: the megatron critic is not split over ranks yet; set both to 1 "
+            "and scale it out with data parallelism (trainer.n_gpus_per_node)."
+        )
+    megatron.check_device(device.type, f"{CriticConfig.KEY}.megatron")
+    megatron.training_path(device.type, f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
+    if megatron.is_model_parallel:
+        raise ValueError(
+            f"{CriticConfig.KEY}.megatron: tensor/pipeline parallel sizes {megatron.tensor_model_parallel_size}/"
+            f"{megatron.pipeline_model_parallel_size}: the megatron critic is not split over ranks yet; set both to 1 "
+            "and scale it out with data parallelism (trainer.n_gpus_per_node)."
+        )
+    overrides = megatron.transformer_overrides(device.type)
+    model = build_gpt_model(hf_config, torch.float32, device, seed=megatron.seed, **overrides)
+    if megatron.use_dist_checkpointing:
+        from verl.models.mcore.dist_checkpoint import load_dist_checkpoint
+
+        # the LM's checkpoint: its head is skipped, the value head below replaces it
+        path, prefix = megatron.dist_checkpointing_path, megatron.dist_checkpointing_prefix
+        load_dist_checkpoint(model, path, prefix=prefix, is_value_model=True)
+    elif hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
     attach_value_head(model, seed=critic_config.seed)
     optimizer, scheduler = build_amp_optimizer(

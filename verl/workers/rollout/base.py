@@ -93,6 +93,11 @@ class BaseRollout(ABC):
         self.pad_token_id = int(pad_token_id)
         self.eos_ids = as_eos_ids(eos_token_id)
 
+    @property
+    def stop_ids(self) -> list[int]:
+        """The token ids that end a response: the eos ids, or none with ``ignore_eos``."""
+        return [] if self.params.ignore_eos else self.eos_ids
+
     @torch.no_grad()
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Generate ``n`` responses per prompt.
@@ -120,7 +125,13 @@ class BaseRollout(ABC):
         generated = self._generate_tokens(input_ids[:, start:], attention_mask[:, start:], params)
         responses, log_probs = generated if isinstance(generated, tuple) else (generated, None)
         return build_rollout_output(
-            repeated, responses, params.response_length, self.pad_token_id, self.eos_ids, raw_log_probs=log_probs
+            repeated,
+            responses,
+            params.response_length,
+            self.pad_token_id,
+            self.eos_ids,
+            raw_log_probs=log_probs,
+            ignore_eos=params.ignore_eos,
         )
 
     @abstractmethod

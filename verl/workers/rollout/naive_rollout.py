@@ -186,7 +186,7 @@ class NaiveRollout(BaseRollout):
                 tokens[rows, step] = next_tokens
                 log_probs[rows, step] = sampled_token_log_probs(logits, next_tokens, params)
                 num_steps = step + 1
-                finished |= is_eos(next_tokens, self.eos_ids)
+                finished |= is_eos(next_tokens, self.stop_ids)
                 if num_steps == params.response_length:
                     break
                 stop, finished_host = self._finished_on_host(finished)

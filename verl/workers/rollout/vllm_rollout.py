@@ -12,6 +12,11 @@ the weights the worker streams them in with :meth:`VLLMRollout.load_weights` (vL
 which takes Hugging Face names and the trainer's dtype and casts). With ``free_cache_engine`` on a GPU the engine
 sleeps after each generation (KV cache freed, weights offloaded) and wakes for the next one.
 
+Tensor parallelism (an engine over TP ranks, vLLM's ``external_launcher``; see
+:mod:`~verl.workers.rollout.vllm_engine`): the ranks of one engine must run the same requests, so each rank's prompts
+are gathered over the engine's tensor-parallel group, every rank generates all of them (with the same seeds: the
+ranks of a group share a seed source), and each keeps the rows of its own prompts.
+
 Randomness: a seeded ``torch.Generator`` draws one seed per request of every sampling call, and vLLM samples each
 request from its own generator seeded with it; greedy calls draw nothing. That generator is the rollout's
 ``state_dict``, so a resumed run gives its requests the seeds the uninterrupted run would have given them.
@@ -26,8 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 
+from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams, SeedSourceRollout, register_rollout
 
 __all__ = ["VLLMRollout"]
@@ -68,6 +75,8 @@ class VLLMRollout(SeedSourceRollout):
         # sleep mode exists only where vLLM supports it (GPU) and when free_cache_engine asked for it
         self.can_sleep = bool(getattr(engine.model_config, "enable_sleep_mode", False))
         self._asleep = False
+        # the gloo group of the engine's tensor-parallel ranks, None for an engine on one rank
+        self.tp_group = _tensor_parallel_group(engine)
 
     # ------------------------------------------------------------------ weights and memory
 
@@ -103,6 +112,22 @@ class VLLMRollout(SeedSourceRollout):
 
     # ------------------------------------------------------------------ generation
 
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """:meth:`BaseRollout.generate_sequences`; for an engine over several ranks, on the prompts of all of them.
+
+        Every rank of the engine's tensor-parallel group passes its own prompts; they are gathered in rank order,
+        the engine (one over the group) answers all of them, and this rank keeps the ``len(prompts) * n`` rows of
+        its own, in its prompts' order.
+        """
+        if self.tp_group is None:
+            return super().generate_sequences(prompts)
+        parts: list[DataProto | None] = [None] * dist.get_world_size(self.tp_group)
+        dist.all_gather_object(parts, prompts.to("cpu"), group=self.tp_group)
+        output = super().generate_sequences(DataProto.concat(parts))
+        rows_per_prompt = len(output) // sum(len(part) for part in parts)
+        start = sum(len(part) for part in parts[: dist.get_rank(self.tp_group)]) * rows_per_prompt
+        return output.slice(start, start + len(prompts) * rows_per_prompt)
+
     def _vllm_sampling_params(self, params: SamplingParams, num_rows: int) -> list[Any]:
         """One ``vllm.SamplingParams`` per row: the call's options, its own seed when sampling."""
         from vllm import SamplingParams as VLLMSamplingParams
@@ -111,7 +136,8 @@ class VLLMRollout(SeedSourceRollout):
             "n": 1,
             "max_tokens": params.response_length,
             "min_tokens": 0,
-            "stop_token_ids": list(self.eos_ids),
+            "stop_token_ids": list(self.stop_ids),
+            "ignore_eos": self.params.ignore_eos,
             "logprobs": 0,  # the sampled token's own log-prob only
             "detokenize": False,
             # neutral values, whatever vLLM's defaults become: the trainer recomputes plain softmaxed logits
@@ -166,3 +192,13 @@ class VLLMRollout(SeedSourceRollout):
                 [step[token].logprob for step, token in zip(completion.logprobs, ids)], dtype=torch.float32
             )
         return tokens.to(input_ids.device), log_probs.to(input_ids.device)
+
+
+def _tensor_parallel_group(engine: Any) -> Any:
+    """The CPU (gloo) group of an engine's tensor-parallel ranks, as vLLM built it; None for one rank."""
+    vllm_config = getattr(getattr(engine, "llm_engine", None), "vllm_config", None)
+    if vllm_config is None or vllm_config.parallel_config.tensor_parallel_size == 1:
+        return None
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().cpu_group

@@ -1,0 +1,144 @@
+"""Process entry points of the megatron tensor-parallel gloo tests (importable, so that spawned processes find them).
+
+Each process builds the same tiny Qwen2 (tied embeddings) from the same seed, so the Hugging Face weights every rank
+converts its shards from are the same, and trains the megatron actor on the same batch: the ranks of one
+tensor-parallel group share their data.
+"""
+
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+
+
+def _init(rank: int, world_size: int, port: int, tp: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    from verl.models.mcore import ensure_model_parallel_initialized
+
+    ensure_model_parallel_initialized(tp=tp, pp=1)
+
+
+def _actor(tp: int, rank: int, hf_model, **overrides):
+    from tests.workers.actor.conftest import actor_config
+    from verl.workers.actor.megatron_builder import build_megatron_actor
+
+    megatron = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1, "use_megatron_optimizer": "auto"}
+    cfg = actor_config(strategy="megatron", megatron=megatron, seed=1, **overrides)
+    return build_megatron_actor(
+        hf_model.config,
+        cfg,
+        device="cpu",
+        total_training_steps=10,
+        hf_state_dict=hf_model.state_dict(),
+        rank=rank,
+        process_group=dist.group.WORLD,
+    )
+
+
+def _hf_bytes(actor, hf_config) -> dict[str, bytes]:
+    """The actor's whole weights under Hugging Face names (gathered over the tensor-parallel group)."""
+    from verl.models.mcore import export_mcore_to_hf
+
+    return {k: v.float().numpy().tobytes() for k, v in export_mcore_to_hf(actor.model_module(), hf_config).items()}
+
+
+def update_and_checkpoint(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
+    """Log-probs and entropy, one update, its grad norm and the updated weights; then a checkpoint round trip."""
+    result, error = {}, None
+    try:
+        _init(rank, world_size, port, tp)
+        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+        from verl.utils.checkpoint import load_weights
+
+        hf_model = tiny_qwen2(seed=0)
+        actor = _actor(tp, rank, hf_model)
+        batch = ppo_batch(seed=0)
+        log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
+        batch.batch["old_log_probs"] = log_probs
+        metrics = actor.update_policy(batch)
+        after, _ = actor.compute_log_prob(batch)
+        result = {
+            "log_probs": log_probs.numpy().tobytes(),
+            "entropy": entropy.numpy().tobytes(),
+            "grad_norm": metrics["actor/grad_norm"],
+            "weights": _hf_bytes(actor, hf_model.config),
+            "after": after.numpy().tobytes(),
+        }
+        if ckpt_dir:
+            actor.save_checkpoint(ckpt_dir)
+            dist.barrier()
+            fresh = _actor(tp, rank, hf_model)  # the initial weights again
+            fresh.load_checkpoint(ckpt_dir)
+            result["after_resume"] = fresh.compute_log_prob(batch)[0].numpy().tobytes()
+            result["steps_after_resume"] = fresh.num_update_steps
+            if rank == 0:
+                exported = load_weights(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
+                result["exported"] = {k: v.float().numpy().tobytes() for k, v in exported.items()}
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def fused_update(rank: int, world_size: int, port: int, tp: int, result_queue) -> None:
+    """``model.use_fused_kernels``: log-probs and entropy from the fused output layer, one update, its grad norm and
+    the updated weights (no checkpoint)."""
+    result, error = {}, None
+    try:
+        _init(rank, world_size, port, tp)
+        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+
+        hf_model = tiny_qwen2(seed=0)
+        actor = _actor(tp, rank, hf_model, use_fused_kernels=True)
+        batch = ppo_batch(seed=0)
+        log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
+        batch.batch["old_log_probs"] = log_probs
+        metrics = actor.update_policy(batch)
+        result = {
+            "log_probs": log_probs.numpy().tobytes(),
+            "entropy": entropy.numpy().tobytes(),
+            "grad_norm": metrics["actor/grad_norm"],
+            "weights": _hf_bytes(actor, hf_model.config),
+            "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
+        }
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def nan_on_one_rank(rank: int, world_size: int, port: int, tp: int, result_queue) -> None:
+    """Poison the gradients of tensor-parallel rank 1 only at update 2; report each rank's verdicts and weights."""
+    seen, error, weights = [], None, None
+    try:
+        _init(rank, world_size, port, tp)
+        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+
+        hf_model = tiny_qwen2(seed=0)
+        actor = _actor(
+            tp,
+            rank,
+            hf_model,
+            update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 5},
+            fault_injection={"nonfinite_grad_steps": [2], "ranks": [1]},
+        )
+        batch = ppo_batch(seed=0)
+        batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+        before_step_2 = None
+        for step in range(1, 4):
+            if step == 2:
+                before_step_2 = _hf_bytes(actor, hf_model.config)
+            metrics = actor.update_policy(batch)
+            seen.append((actor.num_update_steps, metrics["actor/update_failed"]))
+            if step == 2:
+                weights = (before_step_2, _hf_bytes(actor, hf_model.config))
+    except Exception:
+        error = traceback.format_exc()
+    result_queue.put((rank, seen, weights, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,136 @@
+"""megatron-core tensor parallelism on 2 gloo CPU ranks against the same model whole on one rank.
+
+The tiny Qwen2 (GQA 4 heads / 2 groups, tied embeddings, vocabulary 32) splits over 2 ranks as megatron-core does
+it: query groups and MLP features column-parallel, the output and down projections row-parallel, the vocabulary
+of the (tied) embedding and output layer vocabulary-parallel. Every comparison is float32 and differs from the
+whole model only in the order of additions (a row-parallel product is two half-sums added by the all-reduce, the
+logits gathered from two vocabulary halves), so the tolerances are :mod:`tests.tolerances`' reordering bounds.
+"""
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.special_distributed.megatron_tp_workers import fused_update, nan_on_one_rank, update_and_checkpoint
+from tests.tolerances import decoder_reduction_length, reordering_tolerance
+from tests.workers.actor.conftest import PROMPT, RESPONSE, tiny_qwen2
+
+TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(target, world_size: int, *args) -> dict:
+    """Run ``target(rank, world_size, port, *args, queue)`` on ``world_size`` spawned ranks; rank -> its report."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, world_size, port, *args, queue)) for rank in range(world_size)]
+    for proc in procs:
+        proc.start()
+    reports = {}
+    for _ in procs:
+        report = queue.get(timeout=TIMEOUT_S)  # a hang fails here instead of blocking
+        reports[report[0]] = report[1:]
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    for rank, report in reports.items():
+        assert report[-1] is None, f"rank {rank}:\n{report[-1]}"
+    return reports
+
+
+def as_tensor(data: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data, dtype=np.float32).copy())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One TP=1 run on a world of one, one TP=2 run on two ranks (with a checkpoint round trip)."""
+    whole = run_ranks(update_and_checkpoint, 1, 1, "")[0][0]
+    ckpt = str(tmp_path_factory.mktemp("tp2_ckpt"))
+    split = run_ranks(update_and_checkpoint, 2, 2, ckpt)
+    return whole, {rank: report[0] for rank, report in split.items()}
+
+
+def tolerance(reference: torch.Tensor) -> float:
+    # the chain of reductions one logit goes through, over all PROMPT + RESPONSE positions
+    return reordering_tolerance(reference, decoder_reduction_length(tiny_qwen2().config, PROMPT + RESPONSE))
+
+
+def test_tp2_log_probs_and_entropy_equal_tp1(runs):
+    whole, split = runs
+    for key in ("log_probs", "entropy"):
+        want = as_tensor(whole[key])
+        assert want.numel() == 8 * RESPONSE
+        for rank in (0, 1):
+            torch.testing.assert_close(as_tensor(split[rank][key]), want, atol=tolerance(want), rtol=0)
+
+
+def test_tp2_update_equals_tp1_update(runs):
+    whole, split = runs
+    # the grad norm counts each weight once: the split weights' squares summed over the ranks, the replicated
+    # norms once; the same number on both ranks
+    assert split[0]["grad_norm"] == split[1]["grad_norm"]
+    assert split[0]["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    assert set(split[0]["weights"]) == set(whole["weights"])
+    for name, data in whole["weights"].items():
+        want = as_tensor(data)
+        # AdamW's first step moves each weight by lr * g / (|g| + eps), about lr = 1e-2 whatever the gradient's
+        # size; a wrong shard or a wrong norm moves it by a different amount or the other way. The exception is
+        # the key bias: its gradient is zero in exact arithmetic (softmax ignores a shift shared by every key's
+        # score, and q . b_k is one), so what it holds is rounding noise of ~1e-9, which Adam's division by
+        # |g| + eps (1e-8) turns into a step of any size up to lr: only that bound holds there.
+        atol = 1e-2 if name.endswith("k_proj.bias") else 1e-5
+        for rank in (0, 1):
+            torch.testing.assert_close(as_tensor(split[rank]["weights"][name]), want, atol=atol, rtol=0, msg=name)
+    want = as_tensor(whole["after"])
+    torch.testing.assert_close(as_tensor(split[0]["after"]), want, atol=tolerance(want), rtol=0)
+
+
+def test_tp2_checkpoint_round_trip_and_gathered_export(runs):
+    _, split = runs
+    for rank in (0, 1):
+        # the shards and the optimizer state come back: same log-probs, same step count
+        assert split[rank]["after_resume"] == split[rank]["after"]
+        assert split[rank]["steps_after_resume"] == 1
+    # the Hugging Face export gathers the shards: the whole updated weights, under Hugging Face names
+    exported = split[0]["exported"]
+    weights = split[0]["weights"]
+    assert set(exported) == set(weights)
+    for name, data in weights.items():
+        assert exported[name] == data, name
+
+
+def test_nan_on_one_tp_rank_makes_both_ranks_skip():
+    reports = run_ranks(nan_on_one_rank, 2, 2)
+    for rank in (0, 1):
+        seen, weights, _ = reports[rank]
+        # update 2 is poisoned on rank 1 only; the verdict is agreed, so rank 0 skips it too, and both go on
+        assert seen == [(1, 0.0), (2, 1.0), (3, 0.0)], (rank, seen)
+        before, after = weights
+        assert before == after, f"rank {rank} changed its weights in a skipped update"
+
+
+def test_tp2_fused_kernels_equal_the_plain_tp1_run(runs):
+    # model.use_fused_kernels on 2 ranks: each gathers the vocabulary halves of the (tied) output weight and computes
+    # the log-probs chunk by chunk; the plain whole-model run is the reference, with the same reordering bounds
+    whole, _ = runs
+    fused = {rank: report[0] for rank, report in run_ranks(fused_update, 2, 2).items()}
+    for key in ("log_probs", "entropy", "after"):
+        want = as_tensor(whole[key])
+        for rank in (0, 1):
+            torch.testing.assert_close(as_tensor(fused[rank][key]), want, atol=tolerance(want), rtol=0, msg=key)
+    # the gather's backward keeps each rank's slice of the weight gradient: the norm is the whole model's, not
+    # twice it (a summed gradient would double the output weight's share)
+    assert fused[0]["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    for name, data in whole["weights"].items():
+        atol = 1e-2 if name.endswith("k_proj.bias") else 1e-5  # see test_tp2_update_equals_tp1_update
+        torch.testing.assert_close(as_tensor(fused[1]["weights"][name]), as_tensor(data), atol=atol, rtol=0, msg=name)

@@ -1,0 +1,114 @@
+"""A training step with a reward model: the reward-model group's ``rm_scores`` become the token-level scores.
+
+The worker groups are stand-ins that record what they get: the rollout returns a fixed batch, the reward-model
+group returns fixed scores, and the actor's update receives the advantages, which GRPO derives from those scores.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from verl.protocol import DataProto
+
+RESPONSE_LENGTH = 3
+
+
+class FakeGroup:
+    """A worker group whose methods return canned answers and record their argument."""
+
+    def __init__(self, **methods):
+        self.calls: dict[str, DataProto] = {}
+        for name, answer in methods.items():
+            setattr(self, name, self._recorder(name, answer))
+
+    def _recorder(self, name, answer):
+        def call(data):
+            self.calls[name] = data
+            return answer(data)
+
+        return call
+
+    def pop_call_timings(self):
+        return {}
+
+
+def rollout(prompts: DataProto) -> DataProto:
+    """Two samples of one prompt: 2 prompt tokens and responses of 3 and 2 tokens."""
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    responses = torch.tensor([[5, 6, 7], [8, 9, 0]])
+    batch = DataProto.from_dict(
+        tensors={
+            "prompts": torch.tensor([[3, 4], [3, 4]]),
+            "responses": responses,
+            "input_ids": torch.cat([torch.tensor([[3, 4], [3, 4]]), responses], dim=1),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "response_mask": mask[:, -RESPONSE_LENGTH:],
+        },
+        non_tensors={
+            "uid": np.array(["a", "a"], dtype=object),
+            "raw_prompt": np.array(["1+1=", "1+1="], dtype=object),
+            "ground_truth": np.array(["2", "2"], dtype=object),
+        },
+    )
+    batch.meta_info["metrics"] = {"timing_s/gen": 0.0}
+    return batch
+
+
+def rm_scores(data: DataProto) -> DataProto:
+    # score 1.0 on the first response's last token (column 2), 3.0 on the second's (column 1)
+    return DataProto.from_dict(tensors={"rm_scores": torch.tensor([[0.0, 0.0, 1.0], [0.0, 3.0, 0.0]])})
+
+
+def rule_reward(data, return_dict=False):
+    raise AssertionError("the reward function must not be called when the reward model scored the batch")
+
+
+def make_trainer(reward_model_wg, reward_fn=rule_reward):
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.config import compose_ppo_config
+
+    config = compose_ppo_config(
+        [
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=2",
+            "critic.enable=false",
+            "reward_model.enable=true",
+            "reward_model.model.path=unused",
+            "reward_model.micro_batch_size_per_gpu=2",
+        ]
+    )
+    actor_wg = FakeGroup(generate_with_log_probs=rollout, update_actor=lambda data: [{"actor/pg_loss": 0.0}])
+    trainer = RayPPOTrainer(
+        config, None, [], reward_fn, actor_wg, None, reward_model_wg, tracker=None, total_training_steps=1
+    )
+    return trainer, actor_wg
+
+
+def test_the_training_step_scores_with_the_reward_model():
+    reward_model_wg = FakeGroup(compute_rm_score=rm_scores)
+    trainer, actor_wg = make_trainer(reward_model_wg)
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[3, 4]])}, non_tensors={"raw_prompt": np.array(["1+1="], dtype=object)}
+    )
+    metrics = trainer.train_step(prompts)
+    # the reward model read the sequences and the prompt texts, nothing else of the batch
+    sent = reward_model_wg.calls["compute_rm_score"]
+    assert set(sent.batch.keys()) == {"prompts", "responses", "input_ids", "attention_mask", "position_ids"}
+    assert set(sent.non_tensor_batch) == {"raw_prompt"}
+    # GRPO over the group's two scores (1, 3): mean 2, unbiased std sqrt(2); advantages -+1/sqrt(2) on every
+    # response token of each sample
+    update = actor_wg.calls["update_actor"]
+    expected = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 0.0]]) / 2**0.5
+    torch.testing.assert_close(update.batch["advantages"], expected, atol=1e-4, rtol=0)
+    assert metrics["critic/score/mean"] == pytest.approx(2.0)  # the sequence scores 1 and 3
+
+
+def test_without_a_reward_model_the_reward_function_scores():
+    def rule(data, return_dict=False):
+        return {"reward_tensor": torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]), "reward_extra_info": {}}
+
+    trainer, _ = make_trainer(None, reward_fn=rule)
+    batch = trainer._generate_and_score(DataProto.from_dict(tensors={"input_ids": torch.tensor([[3, 4]])}), {})
+    assert "rm_scores" not in batch.batch.keys()
+    assert batch.batch["token_level_scores"].sum().item() == 1.0

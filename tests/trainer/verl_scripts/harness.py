@@ -1,0 +1,165 @@
+"""verl's own example scripts, started here: their stored command lines, normalised, and checked as main_ppo does.
+
+``scripts.json`` (next to this module, written by ``scripts/verl_compat/extract_script_overrides.py``) holds each of
+verl's GRPO/PPO example scripts' ``main_ppo`` command line as bash expands it. :func:`normalise` changes only what a
+user on this machine must change: the model path (the embedded tiny model, :func:`write_model`), the data files
+(small parquet files in verl's layout, written from the embedded task by :func:`write_data_files`) and the
+hardware sizes (one node, one device, every model-parallel size 1). :func:`start_up_check` then runs what ``python -m
+verl.trainer.main_ppo``
+checks before Ray starts: ``prepare(parse_command_line(argv, CONFIG_DIR, "ppo_trainer"))``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPTS_JSON = Path(__file__).with_name("scripts.json")
+TINY_MODEL = Path(__file__).resolve().parents[3] / "verl" / "models" / "tiny"
+# The scripts' model, on this machine: the embedded tiny model with its 64 hidden units read as 2 attention heads of
+# 32 (1 key-value head) instead of 4 of 16, and a context as long as the longest script's prompt + response. The
+# weights are the tiny model's own (every projection keeps its shape); only config.json differs. vLLM's CPU
+# attention rejects head size 16 and longer sequences than max_position_embeddings, and 46 of the 74 scripts use
+# vLLM.
+_MODEL_CONFIG_CHANGES = {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 65536}
+# Enough prompts for the largest data.train_batch_size the scripts set (4096), so that a step fits in an epoch.
+NUM_TRAIN_ROWS, NUM_VAL_ROWS = 4096, 64
+N_GPUS_PER_NODE = 1
+# Keys whose value is a model directory (the last part of the key path).
+_MODEL_PATH_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
+_DATA_FILE_KEYS = {"data.train_files": "train", "data.val_files": "test"}
+# Hardware sizes: the last part of the key -> the value on this machine.
+_PARALLEL_SIZES = {
+    "tensor_model_parallel_size": "1",
+    "pipeline_model_parallel_size": "1",
+    "virtual_pipeline_model_parallel_size": "null",
+    "expert_model_parallel_size": "1",
+    "expert_tensor_parallel_size": "1",
+    "context_parallel_size": "1",
+    "ulysses_sequence_parallel_size": "1",
+    "data_parallel_size": "1",
+    "expert_parallel_size": "1",
+}
+_HARDWARE = {"trainer.nnodes": "1", "trainer.n_gpus_per_node": str(N_GPUS_PER_NODE)}
+
+
+@dataclass(frozen=True)
+class Script:
+    """One of verl's example scripts: its ``main_ppo`` command line as bash expanded it."""
+
+    name: str
+    config_path: str | None
+    config_name: str | None
+    overrides: tuple[str, ...]
+
+    def argv(self, overrides: tuple[str, ...] | None = None) -> list[str]:
+        """The command line after ``python -m verl.trainer.main_ppo`` (with ``overrides`` instead, if given)."""
+        head = []
+        if self.config_path is not None:
+            head.append(f"--config-path={self.config_path}")
+        if self.config_name is not None:
+            head.append(f"--config-name={self.config_name}")
+        return head + list(self.overrides if overrides is None else overrides)
+
+
+def load_scripts(path: Path = SCRIPTS_JSON) -> list[Script]:
+    """The stored scripts, in the order of the file."""
+    payload = json.loads(path.read_text())
+    return [Script(r["script"], r["config_path"], r["config_name"], tuple(r["overrides"])) for r in payload["scripts"]]
+
+
+def write_data_files(directory: Path) -> dict[str, str]:
+    """Small train/test parquet files in verl's layout (chat ``prompt``, ``reward_model.ground_truth``,
+    ``data_source``, ``extra_info``) holding the embedded task; {"train": path, "test": path}."""
+    import pandas as pd
+
+    from verl.utils.reward_score import tiny_task
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, num_rows, seed in (("train", NUM_TRAIN_ROWS, 0), ("test", NUM_VAL_ROWS, 1)):
+        rng = random.Random(seed)
+        rows = []
+        for index in range(num_rows):
+            prompt, answer = tiny_task.make_example(rng)
+            rows.append(
+                {
+                    "data_source": tiny_task.DATA_SOURCE,
+                    "prompt": [{"role": "user", "content": prompt}],
+                    "ability": "reverse",
+                    "reward_model": {"style": "rule", "ground_truth": answer},
+                    "extra_info": {"split": split, "index": index},
+                }
+            )
+        path = directory / f"{split}.parquet"
+        if not path.exists():
+            pd.DataFrame(rows).to_parquet(path)
+        paths[split] = str(path)
+    return paths
+
+
+def write_model(directory: Path) -> str:
+    """The scripts' model (see ``_MODEL_CONFIG_CHANGES``) under ``directory``; its path."""
+    import shutil
+
+    target = directory / "tiny_h32"
+    if not target.exists():
+        shutil.copytree(TINY_MODEL, target)
+        config = json.loads((TINY_MODEL / "config.json").read_text())
+        config.update(_MODEL_CONFIG_CHANGES)
+        (target / "config.json").write_text(json.dumps(config, indent=2))
+    return str(target)
+
+
+def write_inputs(directory: Path) -> dict[str, str]:
+    """The model and the data files of the scripts on this machine: {"model": path, "train": path, "test": path}."""
+    return {"model": write_model(directory), **write_data_files(directory)}
+
+
+def _num_files(value: str) -> int:
+    """How many files a ``data.*_files`` value names: a Hydra list ``[a, b]`` or one path."""
+    value = value.strip()
+    if not value.startswith("["):
+        return 1
+    inner = value.strip("[]").strip()
+    return len([part for part in re.split(r",", inner) if part.strip()]) or 1
+
+
+def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, ...]:
+    """The overrides with only the model path, the data files and the hardware sizes changed for this machine
+    (``inputs``: :func:`write_inputs`)."""
+    out, seen = [], set()
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        bare = key.lstrip("+~")
+        last = bare.rsplit(".", 1)[-1]
+        if eq and bare in _MODEL_PATH_KEYS:
+            value = inputs["model"]
+        elif eq and bare in _DATA_FILE_KEYS:
+            path = inputs[_DATA_FILE_KEYS[bare]]
+            count = _num_files(value)
+            value = path if count == 1 and not value.strip().startswith("[") else "[" + ",".join([path] * count) + "]"
+        elif eq and bare in _HARDWARE:
+            value = _HARDWARE[bare]
+        elif eq and last in _PARALLEL_SIZES:
+            value = _PARALLEL_SIZES[last]
+        seen.add(bare)
+        out.append(f"{key}{eq}{value}" if eq else override)
+    out += [f"{key}={value}" for key, value in _HARDWARE.items() if key not in seen]
+    return tuple(out)
+
+
+def start_up_check(script: Script, inputs: dict[str, str], extra: tuple[str, ...] = ()) -> None:
+    """What ``python -m verl.trainer.main_ppo`` checks before Ray starts, for the normalised script.
+
+    Raises:
+        ValueError: the config is refused (the message says why).
+        Exception: anything else the start-up raised (a bug to report).
+    """
+    from verl.trainer.main_ppo import CONFIG_DIR, parse_command_line, prepare
+
+    argv = script.argv(normalise(script.overrides, inputs) + tuple(extra))
+    prepare(parse_command_line(argv, CONFIG_DIR, "ppo_trainer"))

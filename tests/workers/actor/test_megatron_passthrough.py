@@ -1,0 +1,44 @@
+"""The megatron section's keys reaching the built actor: TransformerConfig overrides, seed, offload on CPU."""
+
+import pytest
+import torch
+
+from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
+from verl.utils.megatron_offload import attach_offloader, offload_phase
+from verl.workers.actor.megatron_builder import build_megatron_actor
+
+pytestmark = pytest.mark.usefixtures("megatron_world_of_one")
+
+
+def build(megatron):
+    hf_model = tiny_qwen2(seed=0)
+    config = actor_config(strategy="megatron", megatron=megatron, seed=1)
+    actor = build_megatron_actor(
+        hf_model.config, config, device="cpu", total_training_steps=10, hf_state_dict=hf_model.state_dict()
+    )
+    return actor, config
+
+
+def test_override_transformer_config_reaches_megatron_core():
+    # (attention_backend is left alone: megatron-core records a non-auto choice in process-wide NVTE_* variables)
+    actor, _ = build({"override_transformer_config": {"hidden_dropout": 0.25, "recompute_modules": ["core_attn"]}})
+    assert actor.model.config.hidden_dropout == 0.25  # the converter's own value is 0.0
+    assert actor.model.config.sequence_parallel is False  # tensor-parallel size 1: megatron-core allows no SP
+
+
+def test_a_cuda_only_override_is_refused_when_the_model_is_built_on_cpu():
+    with pytest.raises(ValueError, match=r"override_transformer_config.recompute_granularity='full' .*CUDA only"):
+        build({"override_transformer_config": {"recompute_granularity": "full"}})
+
+
+def test_offloaded_actor_computes_the_same_log_probs_between_phases():
+    actor, config = build({"param_offload": True, "grad_offload": True, "optimizer_offload": True})
+    batch = ppo_batch()
+    expected, _ = actor.compute_log_prob(batch)
+    attach_offloader(actor, config.megatron, skip_cpu=False)  # move host storages too: the CUDA code path
+    weight = next(actor.model.parameters())
+    assert weight.untyped_storage().nbytes() == 0
+    with offload_phase(actor, training=False):
+        got, _ = actor.compute_log_prob(batch)
+    assert torch.equal(got, expected)
+    assert weight.untyped_storage().nbytes() == 0

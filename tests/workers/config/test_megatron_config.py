@@ -1,0 +1,201 @@
+"""The megatron sections (actor, ref, critic), ``optim.override_optimizer_config`` and their start-up checks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl.workers.config import compose_omegaconf, compose_ppo_config
+from verl.workers.config.megatron import MegatronConfig, check_optimizer_overrides
+from verl.workers.config.schema import build_config
+
+A = "actor_rollout_ref.actor"
+
+
+def compose(overrides=(), device="cuda"):
+    """The megatron trainer config; device cuda by default, so the driver leaves the CUDA-only checks to workers."""
+    return compose_ppo_config([f"trainer.device={device}", *overrides], config_name="ppo_megatron_trainer")
+
+
+def section(changes=None, key=f"{A}.megatron"):
+    """The actor's megatron section of the YAML with ``changes`` merged, built as the schema builds it."""
+    values = OmegaConf.to_container(OmegaConf.select(compose_omegaconf(), key), resolve=True)
+    return build_config(MegatronConfig, {**values, **(changes or {})}, key)
+
+
+def test_megatron_config_lives_in_its_own_module_and_is_re_exported():
+    from verl.workers.config import MegatronConfig as exported
+    from verl.workers.config.roles import MegatronConfig as from_roles
+
+    assert exported is MegatronConfig and from_roles is MegatronConfig
+
+
+def test_verl_keys_and_defaults_of_the_three_sections():
+    cfg = compose()
+    actor, ref, critic = cfg.actor_rollout_ref.actor.megatron, cfg.actor_rollout_ref.ref.megatron, cfg.critic.megatron
+    for megatron in (actor, ref, critic):
+        # verl's defaults for the keys its scripts set
+        assert (megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size) == (1, 1)
+        assert (megatron.expert_model_parallel_size, megatron.expert_tensor_parallel_size) == (1, None)
+        assert (megatron.context_parallel_size, megatron.virtual_pipeline_model_parallel_size) == (1, None)
+        assert (megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload) == (False, False, False)
+        assert (megatron.use_dist_checkpointing, megatron.dist_checkpointing_path) == (False, None)
+        assert megatron.sequence_parallel is True and megatron.seed == 42 and megatron.use_mbridge is True
+    assert cfg.actor_rollout_ref.actor.optim.override_optimizer_config == {}
+    assert actor.override_transformer_config["recompute_modules"] == ["core_attn"]
+
+
+def test_the_reference_follows_the_actor_layout():
+    composed = compose_omegaconf(
+        [
+            f"{A}.megatron.tensor_model_parallel_size=2",
+            f"{A}.megatron.seed=7",
+            f"{A}.megatron.param_offload=true",
+            f"{A}.megatron.override_transformer_config.attention_backend=unfused",
+        ],
+        "ppo_megatron_trainer",
+    )
+    ref = OmegaConf.to_container(composed.actor_rollout_ref.ref.megatron, resolve=True)
+    assert (ref["tensor_model_parallel_size"], ref["seed"], ref["param_offload"]) == (2, 7, True)
+    assert ref["override_transformer_config"]["attention_backend"] == "unfused"
+    # what a frozen model has no use for does not follow
+    assert (ref["grad_offload"], ref["optimizer_offload"], ref["use_distributed_optimizer"]) == (False, False, False)
+
+
+def test_a_reference_laid_out_differently_is_refused():
+    with pytest.raises(ValueError, match=r"ref.megatron's tensor/pipeline/context parallel sizes differ"):
+        compose([f"{A}.use_kl_loss=true", "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2"])
+
+
+def test_the_reference_has_nothing_but_parameters_to_offload():
+    with pytest.raises(ValueError, match=r"ref.megatron.grad_offload=true: the reference model is frozen"):
+        compose([f"{A}.use_kl_loss=true", "actor_rollout_ref.ref.megatron.grad_offload=true"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"expert_model_parallel_size": 2}, r"expert_model_parallel_size=2: expert parallelism .* dense"),
+        ({"expert_tensor_parallel_size": 4}, r"expert_tensor_parallel_size=4: .* dense models only"),
+        ({"context_parallel_size": 2}, r"context_parallel_size=2: context parallelism .* not built here"),
+        ({"virtual_pipeline_model_parallel_size": 2}, r"virtual_pipeline_model_parallel_size=2: the interleaved"),
+        ({"use_dist_checkpointing": True}, r"dist_checkpointing_path is empty, and use_dist_checkpointing=true"),
+        ({"override_ddp_config": {"bucket_sise": 1}}, r"override_ddp_config.bucket_sise is not a field .*bucket_size"),
+    ],
+)
+def test_layouts_and_settings_this_backend_cannot_run_are_refused_by_key(changes, message):
+    with pytest.raises(ValueError, match=rf"actor_rollout_ref.actor.megatron.{message}"):
+        section(changes)
+
+
+def test_expert_tensor_parallel_size_equal_to_the_tensor_parallel_size_changes_nothing():
+    # null means "as tensor_model_parallel_size" in verl; with no experts, 1 or that size say the same
+    assert section({"tensor_model_parallel_size": 2, "expert_tensor_parallel_size": 2}).expert_tensor_parallel_size == 2
+
+
+def test_transformer_overrides_are_checked_against_megatron_core_fields():
+    typo = {"override_transformer_config": {"recompute_granulrity": "full"}}
+    with pytest.raises(ValueError, match=r"recompute_granulrity is not a field of megatron-core's TransformerConfig"):
+        section(typo)
+    with pytest.raises(ValueError, match=r"did you mean recompute_granularity"):
+        section(typo)
+    with pytest.raises(ValueError, match=r"override_transformer_config.num_layers is decided by the Hugging Face"):
+        section({"override_transformer_config": {"num_layers": 3}})
+    with pytest.raises(ValueError, match=r"override_transformer_config.fp16 is decided by dtype"):
+        section({"override_transformer_config": {"fp16": True}})
+    with pytest.raises(ValueError, match=r"override_transformer_config.moe_router_dtype sets a mixture-of-experts"):
+        section({"override_transformer_config": {"moe_router_dtype": "fp32"}})
+
+
+def test_transformer_overrides_reach_the_builder_with_sequence_parallel_where_it_runs():
+    megatron = section({"override_transformer_config": {"attention_backend": "unfused", "hidden_dropout": 0.1}})
+    from megatron.core.transformer.enums import AttnBackend
+
+    cpu = megatron.transformer_overrides("cpu")
+    assert cpu == {"sequence_parallel": False, "attention_backend": AttnBackend.unfused, "hidden_dropout": 0.1}
+    # sequence parallel: verl's default true, on only with tensor parallelism (megatron-core's rule) on CUDA
+    assert megatron.transformer_overrides("cuda")["sequence_parallel"] is False  # tp 1
+    split = megatron.replace(tensor_model_parallel_size=2)
+    assert split.transformer_overrides("cuda")["sequence_parallel"] is True
+    assert split.transformer_overrides("cpu")["sequence_parallel"] is False
+    assert split.replace(sequence_parallel=False).transformer_overrides("cuda")["sequence_parallel"] is False
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            f"{A}.megatron.override_transformer_config.recompute_granularity=full",
+            r"override_transformer_config.recompute_granularity='full' asks for megatron-core's activation .*CUDA only",
+        ),
+        (
+            f"+{A}.megatron.override_transformer_config.gradient_accumulation_fusion=true",
+            r"override_transformer_config.gradient_accumulation_fusion=true needs apex / Transformer Engine CUDA",
+        ),
+        (f"{A}.megatron.use_dist_checkpointing=true", r"use_dist_checkpointing=true needs CUDA"),
+        (f"{A}.megatron.use_distributed_optimizer=true", r"use_distributed_optimizer=true shards .* torch.optim"),
+    ],
+)
+def test_what_needs_cuda_is_refused_on_cpu_naming_the_key(override, message):
+    overrides = [override, f"{A}.megatron.dist_checkpointing_path=/ckpt"]
+    with pytest.raises(ValueError, match=rf"{A}.megatron.{message}"):
+        compose(overrides, device="cpu")
+    compose(overrides, device="cuda")  # accepted where the worker can run it (it checks again there)
+
+
+def test_offload_on_cpu_is_accepted_and_says_what_it_means(caplog):
+    with caplog.at_level(logging.INFO, logger="verl.workers.config.megatron"):
+        compose([f"{A}.megatron.param_offload=true", f"{A}.megatron.optimizer_offload=true"], device="cpu")
+    assert any("already live in host memory" in record.getMessage() for record in caplog.records)
+
+
+def test_verl_script_lines_start():
+    # as verl's examples write them (run_qwen2-7b_math_megatron.sh and the like), sizes set to one machine
+    cfg = compose(
+        [
+            f"{A}.megatron.use_mbridge=True",
+            f"{A}.megatron.vanilla_mbridge=False",
+            f"{A}.megatron.param_offload=True",
+            f"{A}.megatron.grad_offload=True",
+            f"{A}.megatron.optimizer_offload=True",
+            f"+{A}.megatron.override_transformer_config.recompute_method=uniform",
+            f"{A}.megatron.override_transformer_config.recompute_granularity=full",
+            f"{A}.megatron.override_transformer_config.recompute_num_layers=1",
+            f"+{A}.megatron.override_transformer_config.apply_rope_fusion=True",
+            f"+{A}.megatron.override_transformer_config.account_for_loss_in_pipeline_split=True",
+            f"+{A}.optim.override_optimizer_config.optimizer_cpu_offload=True",
+            f"+{A}.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True",
+            "actor_rollout_ref.ref.megatron.param_offload=True",
+            f"{A}.megatron.expert_model_parallel_size=1",
+            f"{A}.megatron.context_parallel_size=1",
+        ]
+    )
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.megatron.override_transformer_config["recompute_method"] == "uniform"
+    assert actor.optim.override_optimizer_config == {
+        "optimizer_cpu_offload": True,
+        "overlap_cpu_optimizer_d2h_h2d": True,
+    }
+
+
+def test_optimizer_overrides_are_checked_against_megatron_core_fields():
+    key = f"{A}.optim.override_optimizer_config"
+    assert check_optimizer_overrides({"optimizer_offload_fraction": 1.0}, key, uses_megatron_optimizer=True) == {
+        "optimizer_offload_fraction": 1.0
+    }
+    with pytest.raises(ValueError, match=r"optimizer_cpu_ofload is not a field .* did you mean optimizer_cpu_offload"):
+        check_optimizer_overrides({"optimizer_cpu_ofload": True}, key, uses_megatron_optimizer=True)
+    with pytest.raises(ValueError, match=r"override_optimizer_config.lr is decided by optim.lr"):
+        check_optimizer_overrides({"lr": 1.0}, key, uses_megatron_optimizer=True)
+    with pytest.raises(ValueError, match=r"sets \['pin_cpu_grads'\]: .* the torch.optim adapter"):
+        check_optimizer_overrides({"pin_cpu_grads": True}, key, uses_megatron_optimizer=False)
+
+
+def test_optimizer_overrides_on_the_cpu_adapter_or_another_strategy_are_refused():
+    line = f"+{A}.optim.override_optimizer_config.optimizer_cpu_offload=true"
+    with pytest.raises(ValueError, match=r"override_optimizer_config sets \['optimizer_cpu_offload'\]"):
+        compose([line], device="cpu")
+    with pytest.raises(ValueError, match=r"nothing reads it: .* apply with actor_rollout_ref.actor.strategy=megatron"):
+        compose_ppo_config([line, f"{A}.strategy=fsdp"])

@@ -1,0 +1,143 @@
+"""verl's ``actor_rollout_ref.rollout`` keys (and ``hybrid_engine``, ``nccl_timeout``): what each accepts, what it
+refuses and how the refusal names the key, as verl's example scripts set them."""
+
+import pytest
+
+from verl.workers.config import RolloutConfig, compose_ppo_config, load_section
+from verl.workers.rollout.vllm_engine import engine_index
+
+R = "actor_rollout_ref.rollout"
+
+
+def test_the_default_section_builds_with_verls_keys():
+    rollout = load_section(RolloutConfig)
+    assert (rollout.mode, rollout.multi_turn.enable, rollout.calculate_log_probs) == ("sync", False, True)
+    assert (rollout.data_parallel_size, rollout.expert_parallel_size, rollout.pipeline_model_parallel_size) == (1, 1, 1)
+    assert rollout.val_kwargs.as_overrides() == {
+        "n": 1,
+        "temperature": 1.0,
+        "top_k": -1,
+        "top_p": 1.0,
+        "do_sample": False,
+    }
+
+
+def test_what_verls_scripts_set_is_accepted():
+    # the rollout keys of examples/grpo_trainer and examples/ppo_trainer, with this machine's sizes (one rank)
+    config = compose_ppo_config(
+        [
+            f"{R}.name=vllm",
+            f"{R}.mode=async",
+            f"{R}.calculate_log_probs=True",
+            f"{R}.multi_turn.format=hermes",
+            f"{R}.load_format=safetensors",
+            f"{R}.layered_summon=True",
+            f"{R}.multi_stage_wake_up=True",
+            f"{R}.enable_chunked_prefill=False",
+            f"{R}.enforce_eager=False",
+            f"{R}.free_cache_engine=True",
+            f"{R}.max_num_batched_tokens=10240",
+            f"{R}.cudagraph_capture_sizes=[1,2,4,8,16,32]",
+            f"{R}.checkpoint_engine.update_weights_bucket_megabytes=4096",
+            f"{R}.data_parallel_size=1",
+            f"{R}.expert_parallel_size=1",
+            f"{R}.val_kwargs.top_p=0.7",
+            f"{R}.val_kwargs.top_k=-1",
+            f"{R}.val_kwargs.temperature=0.6",
+            f"{R}.val_kwargs.n=4",
+            f"{R}.val_kwargs.do_sample=True",
+            "actor_rollout_ref.hybrid_engine=True",
+            "actor_rollout_ref.nccl_timeout=1200",
+        ]
+    )
+    arr = config.actor_rollout_ref
+    assert (arr.rollout.mode, arr.rollout.load_format, arr.nccl_timeout) == ("async", "safetensors", 1200.0)
+    assert arr.rollout.val_kwargs.as_overrides() == {
+        "n": 4,
+        "temperature": 0.6,
+        "top_k": -1,
+        "top_p": 0.7,
+        "do_sample": True,
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ([f"{R}.name=sglang"], rf"{R}\.name=sglang: SGLang rollouts are out of scope"),
+        ([f"{R}.name=trtllm"], rf"{R}\.name=trtllm: TensorRT-LLM rollouts are out of scope"),
+        (
+            ["+" + f"{R}.engine_kwargs.sglang.attention_backend=triton"],
+            rf"{R}\.engine_kwargs\.sglang is set, but SGLang",
+        ),
+        (
+            [f"{R}.multi_turn.enable=true"],
+            rf"{R}\.multi_turn\.enable=true asks for multi-turn rollouts with tool calling",
+        ),
+        ([f"{R}.multi_turn.tool_config_path=tools.yaml"], rf"{R}\.multi_turn\.tool_config_path is set, but multi-turn"),
+        ([f"{R}.data_parallel_size=2"], rf"{R}\.data_parallel_size=2: the colocated engines are data parallel already"),
+        ([f"{R}.expert_parallel_size=2"], rf"{R}\.expert_parallel_size=2: expert parallelism"),
+        ([f"{R}.pipeline_model_parallel_size=2"], rf"{R}\.pipeline_model_parallel_size=2: the colocated vLLM engine"),
+        ([f"{R}.mode=streaming"], rf"{R}\.mode"),
+        ([f"{R}.checkpoint_engine.backend=nccl"], rf"{R}\.checkpoint_engine\.backend"),
+        (
+            [f"{R}.name=hf", "actor_rollout_ref.actor.strategy=dp", f"{R}.ignore_eos=true"],
+            rf"{R}\.ignore_eos=true is not",
+        ),
+        (
+            ["actor_rollout_ref.hybrid_engine=false"],
+            r"actor_rollout_ref\.hybrid_engine=false asks for a rollout worker",
+        ),
+        (["actor_rollout_ref.nccl_timeout=0"], r"actor_rollout_ref\.nccl_timeout must be a number > 0"),
+        ([f"{R}.val_kwargs.top_p=0"], rf"{R}\.val_kwargs\.top_p must be a number > 0"),
+        ([f"{R}.prompt_length=4"], rf"{R}\.prompt_length=4 is shorter than data\.max_prompt_length"),
+        # verl's calculate_log_probs=false leaves the rollout's log-probs out; correction needs them
+        (
+            [f"{R}.calculate_log_probs=false", "algorithm.rollout_correction.rollout_is=token"],
+            rf"{R}\.calculate_log_probs=false leaves the rollout's log-probs out of the batch",
+        ),
+        # the vLLM-only keys do nothing with the naive rollout (which samples from the training model)
+        (
+            [f"{R}.load_format=safetensors"],
+            rf"{R}\.load_format is set, but nothing reads it: it applies with {R}\.name=vllm",
+        ),
+    ],
+)
+def test_refused_values_name_their_key(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        compose_ppo_config(overrides)
+
+
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_naive_rollout_tensor_parallel_needs_a_model_split_that_way(strategy):
+    overrides = [
+        f"actor_rollout_ref.actor.strategy={strategy}",
+        f"{R}.tensor_model_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+    ]
+    with pytest.raises(ValueError, match=rf"{R}\.tensor_model_parallel_size=2 with {R}\.name=naive: .* must be 1 with"):
+        compose_ppo_config(overrides)
+
+
+def test_naive_rollout_tensor_parallel_must_match_the_megatron_actors():
+    overrides = [
+        "actor_rollout_ref.actor.strategy=megatron",
+        f"{R}.tensor_model_parallel_size=2",
+        "trainer.n_gpus_per_node=2",
+    ]
+    with pytest.raises(
+        ValueError, match=r"must be the megatron actor's actor_rollout_ref\.actor\.megatron\.tensor_model_"
+    ):
+        compose_ppo_config(overrides)
+
+
+def test_vllm_tensor_parallel_must_divide_the_ranks_and_groups_consecutive_ranks():
+    with pytest.raises(ValueError, match=rf"{R}\.tensor_model_parallel_size=2 does not divide the actor's 3 ranks"):
+        compose_ppo_config([f"{R}.name=vllm", f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=3"])
+    rollout = compose_ppo_config(
+        [f"{R}.name=vllm", f"{R}.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"]
+    ).actor_rollout_ref.rollout
+    # ranks 0, 1 share engine 0 (and its seeds), ranks 2, 3 (on a second node, say) engine 1
+    assert [engine_index(rollout, rank) for rank in range(4)] == [0, 0, 1, 1]
+    naive = load_section(RolloutConfig)
+    assert [engine_index(naive, rank) for rank in range(4)] == [0, 1, 2, 3]

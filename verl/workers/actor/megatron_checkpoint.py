@@ -1,0 +1,102 @@
+"""Checkpoints of a megatron-core model split over tensor-parallel ranks: one shard directory per rank, plus the
+gathered whole weights.
+
+Layout of a checkpoint directory written with tensor-parallel size ``n``:
+
+- ``mp_rank_XX/model.safetensors`` and ``mp_rank_XX/train_state.pt`` for ``XX`` in ``00 .. n-1``: that rank's
+  weight shards and its training state (its optimizer moments belong to its shards; the loss scale, the LR
+  schedule and the update-outcome handler are the same on every rank, as every rank takes the same decisions);
+- ``model.safetensors`` and ``train_state.pt``: the whole weights under megatron names, gathered over the
+  tensor-parallel group (what a tensor-parallel size 1 run writes), with rank 0's training state; and, when the
+  Hugging Face config is known, ``huggingface/model.safetensors`` under Hugging Face names.
+
+Only the ranks of data-parallel rank 0 write (the other data-parallel ranks hold the same shards); saving is a
+collective of their tensor-parallel group, because the gathering is; loading reads each rank's own shards.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, load_state, load_weights, save_state, save_weights
+
+if TYPE_CHECKING:
+    from verl.workers.actor.update_loop import UpdateLoop
+
+HF_EXPORT_DIR = "huggingface"
+
+
+def shard_directory(directory: str | os.PathLike, tp_rank: int) -> Path:
+    """Where tensor-parallel rank ``tp_rank`` keeps its shards inside a checkpoint directory."""
+    return Path(directory) / f"mp_rank_{tp_rank:02d}"
+
+
+def _ranks() -> tuple[int, int, Any]:
+    from megatron.core import parallel_state
+
+    return (
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_data_parallel_rank(),
+        parallel_state.get_tensor_model_parallel_group(),
+    )
+
+
+def save_tensor_parallel_checkpoint(
+    loop: UpdateLoop, module: torch.nn.Module, directory: str | os.PathLike, hf_config: Any = None
+) -> None:
+    """Write this rank's shards and, on tensor-parallel rank 0, the gathered weights (a collective).
+
+    Args:
+        loop: the update loop whose training state is saved.
+        module: the GPTModel (this rank's part).
+        directory: the checkpoint directory.
+        hf_config: the Hugging Face config, for the ``huggingface/`` export (None: no export).
+    """
+    from verl.models.mcore.tensor_parallel import gather_state_dict
+    from verl.models.mcore.weight_converter import mcore_to_hf_state_dict
+
+    tp_rank, dp_rank, tp_group = _ranks()
+    if dp_rank != 0:
+        return
+    shards = shard_directory(directory, tp_rank)
+    shards.mkdir(parents=True, exist_ok=True)
+    state = {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+    save_weights(shards / WEIGHTS_FILE, state)
+    save_state(shards / TRAIN_STATE_FILE, loop.training_state_dict())
+    full = gather_state_dict(state, tp_group, torch.distributed.get_world_size(tp_group))
+    if tp_rank != 0:
+        return
+    save_weights(Path(directory) / WEIGHTS_FILE, full)
+    # the files every checkpoint has at its top (the driver checks them before resuming); the shards' own
+    # training states are what a resume loads
+    save_state(Path(directory) / TRAIN_STATE_FILE, loop.training_state_dict())
+    if hf_config is not None:
+        norm_in_linear = any(k.endswith("linear_qkv.layer_norm_weight") for k in full)
+        hf = mcore_to_hf_state_dict(full, hf_config, norm_in_linear=norm_in_linear)
+        (Path(directory) / HF_EXPORT_DIR).mkdir(exist_ok=True)
+        save_weights(Path(directory) / HF_EXPORT_DIR / WEIGHTS_FILE, hf)
+
+
+def load_tensor_parallel_checkpoint(loop: UpdateLoop, module: torch.nn.Module, directory: str | os.PathLike) -> None:
+    """Restore this rank's shards and training state from :func:`save_tensor_parallel_checkpoint`'s layout.
+
+    Raises:
+        CheckpointError: this rank's shard files are missing or damaged (e.g. written with another
+            tensor-parallel size).
+        ValueError: the shards do not fit the model.
+    """
+    tp_rank, _, _ = _ranks()
+    shards = shard_directory(directory, tp_rank)
+    weights = load_weights(shards / WEIGHTS_FILE)
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ValueError(
+            f"{shards}: shards do not fit the model (missing {missing[:5]}, unexpected {list(unexpected)[:5]}); "
+            "was the checkpoint written with another model or tensor-parallel size?"
+        )
+    loop.load_training_state_dict(load_state(shards / TRAIN_STATE_FILE))

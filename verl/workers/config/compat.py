@@ -1,0 +1,128 @@
+"""Sections that exist so that verl's own scripts start here: verl's keys with verl's meaning, or refused by name.
+
+verl's scripts set profiler switches, a custom dataset class, PF-PPO and the like. Each such section is typed here;
+its off value (verl's default) is always accepted, and a value that asks for a feature this project does not have
+(a profiler, a custom dataset class, images) is refused at start-up with the feature's name and the reason, never
+as an unknown key. ``docs/start/from_verl.md`` lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Literal
+
+from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
+
+# verl's profiler tools and why each is out of scope here (GPU/NPU vendor tools; the memory snapshotter).
+PROFILER_TOOLS = {
+    "nsys": "NVIDIA Nsight Systems profiling (verl's nsys integration) is not provided here",
+    "npu": "Ascend NPU profiling (NPU hardware is out of scope here)",
+    "torch": "verl's torch.profiler integration is not provided here",
+    "torch_memory": "verl's CUDA memory-snapshot profiler is not provided here",
+}
+ULYSSES_REASON = (
+    "Ulysses sequence parallelism (one sequence split over several ranks) is not implemented here; every rank "
+    "holds whole sequences"
+)
+
+
+def _profiler_reason(tool: Any) -> str:
+    return PROFILER_TOOLS.get(tool, f"verl's profilers ({', '.join(PROFILER_TOOLS)}) are not provided here")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfilerConfig(BaseConfig):
+    """A role's ``profiler`` section (verl's ``ProfilerConfig``): off is accepted, ``enable: true`` refused.
+
+    ``tool_config`` holds verl's per-tool settings (``nsys``, ``npu``, ``torch``, ``torch_memory``); they are read
+    only by a profiler, so any value is accepted while ``enable`` is false.
+    """
+
+    tool: str | None
+    enable: bool
+    all_ranks: bool
+    ranks: list[int]
+    save_path: str | None
+    tool_config: Any
+
+    def check(self) -> None:
+        if self.enable:
+            raise FieldError(
+                "enable",
+                f"=true asks for a verl profiler: {_profiler_reason(self.tool)} (profiling is out of scope). "
+                "Set it to false.",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalProfilerConfig(BaseConfig):
+    """``global_profiler`` (verl's driver-side profiler settings): ``tool: null`` accepted, any tool refused."""
+
+    KEY: ClassVar[str] = "global_profiler"
+
+    tool: str | None
+    steps: list[int] | None
+    profile_continuous_steps: bool
+    save_path: str
+    global_tool_config: Any
+
+    def check(self) -> None:
+        if self.tool is not None:
+            raise FieldError(
+                "tool",
+                f"={self.tool!r} asks for a verl profiler: {_profiler_reason(self.tool)} (profiling is out of "
+                "scope). Set it to null.",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class CustomClsConfig(BaseConfig):
+    """``data.custom_cls``: verl's own dataset class from a file. ``path: null`` (the built-in dataset) only."""
+
+    path: str | None
+    name: str | None
+
+    def check(self) -> None:
+        if self.path is not None:
+            raise FieldError(
+                "path",
+                f"={self.path!r} asks for a custom dataset class: subclasses of verl's RLHFDataset (its "
+                "processor/multimodal API) cannot run here, where rows are prompt, ground truth and data_source. "
+                "Convert the data to parquet/JSONL in that layout and set data.custom_cls.path=null.",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class PFPPOConfig(BaseConfig):
+    """``algorithm.pf_ppo``: how PF-PPO (``algorithm.use_pf_ppo``) weights each sample by its score.
+
+    Attributes:
+        reweight_method: pow (weight |score| ** weight_pow) | max_min (only the samples with the batch's highest
+            or lowest score) | max_random (the highest-scored samples weigh 0.4, the others 0.1).
+        weight_pow: the exponent of ``pow``.
+    """
+
+    reweight_method: Literal["pow", "max_min", "max_random"]
+    weight_pow: float
+
+    def check(self) -> None:
+        check_number(self, "weight_pow", 0.0)
+
+
+def check_ulysses(obj: Any, field: str = "ulysses_sequence_parallel_size") -> None:
+    """``ulysses_sequence_parallel_size``: 1 (verl's default, no sequence parallelism) only."""
+    check_int(obj, field, 1)
+    if getattr(obj, field) != 1:
+        raise FieldError(field, f"={getattr(obj, field)} asks for {ULYSSES_REASON}. Set it to 1.")
+
+
+def check_ref_strategy(actor_strategy: str, ref_strategy: str) -> None:
+    """``actor_rollout_ref.ref.strategy``: the reference runs in the actor's worker, on the actor's backend, so
+    its strategy must be the actor's (fsdp and fsdp2 are one backend)."""
+    same = {"fsdp": "fsdp2"}
+    if same.get(ref_strategy, ref_strategy) != same.get(actor_strategy, actor_strategy):
+        raise ValueError(
+            f"actor_rollout_ref.ref.strategy={ref_strategy} differs from actor_rollout_ref.actor.strategy="
+            f"{actor_strategy}: the reference model lives in the actor's worker and runs on its backend. Leave "
+            "ref.strategy at its default (the actor's) or set the same value."
+        )

@@ -1,0 +1,458 @@
+"""The ``megatron`` sections (``actor_rollout_ref.actor.megatron``, ``actor_rollout_ref.ref.megatron``,
+``critic.megatron``) and ``optim.override_optimizer_config``: verl's megatron keys with their meaning here.
+
+One dataclass, :class:`MegatronConfig`, serves the three sections, as verl's ``McoreEngineConfig`` does: the
+model-parallel layout (tensor, pipeline, expert, context, virtual pipeline sizes; sequence parallel), the training
+path (:meth:`MegatronConfig.training_path`), the offload switches, megatron-core's distributed checkpoints as the
+source of the initial weights, the converter choice (``use_mbridge``) and the pass-through dictionaries into
+megatron-core's ``TransformerConfig`` and ``DistributedDataParallelConfig``. Every pass-through key is checked
+against the fields of megatron-core's dataclass at start-up (:func:`check_passthrough_keys`): an unknown key is
+refused with the close matches, a key that another config key or the Hugging Face model already decides is
+refused with the key to set instead. What needs CUDA is refused on CPU by :meth:`MegatronConfig.check_device`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from verl.workers.config.schema import BaseConfig, FieldError, check_int
+
+logger = logging.getLogger(__name__)
+
+# TransformerConfig fields the HF -> megatron converter derives from the Hugging Face config: overriding one would
+# build a model the converted weights do not fit (or that computes something else than the HF model).
+TRANSFORMER_FIELDS_FROM_MODEL = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "normalization",
+    "layernorm_epsilon",
+    "gated_linear_unit",
+    "activation_func",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "init_method_std",
+    "use_cpu_initialization",
+)
+
+# TransformerConfig fields that another config key sets: the key to use instead.
+TRANSFORMER_FIELDS_FROM_KEYS = {
+    "tensor_model_parallel_size": "megatron.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": "megatron.pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size": "megatron.virtual_pipeline_model_parallel_size",
+    "context_parallel_size": "megatron.context_parallel_size",
+    "expert_model_parallel_size": "megatron.expert_model_parallel_size",
+    "expert_tensor_parallel_size": "megatron.expert_tensor_parallel_size",
+    "sequence_parallel": "megatron.sequence_parallel",
+    "fp16": "dtype",
+    "bf16": "dtype",
+    "params_dtype": "dtype",
+    "pipeline_dtype": "dtype",
+}
+
+# Kernel fusions that need apex / Transformer Engine CUDA kernels; on CPU the unfused paths run (same numbers).
+CUDA_KERNEL_FUSIONS = (
+    "masked_softmax_fusion",
+    "bias_activation_fusion",
+    "bias_dropout_fusion",
+    "apply_rope_fusion",
+    "gradient_accumulation_fusion",
+    "persist_layer_norm",
+)
+
+# Activation recomputation: megatron-core's checkpointing saves and restores the CUDA RNG state.
+CUDA_RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+
+# OptimizerConfig fields the ``optim`` section sets (AdamW, clipping, fp16 loss scale) or the dtype decides.
+OPTIMIZER_FIELDS_FROM_KEYS = {
+    "optimizer": "optim (AdamW)",
+    "lr": "optim.lr",
+    "min_lr": "optim.min_lr_ratio",
+    "weight_decay": "optim.weight_decay",
+    "adam_beta1": "optim.betas",
+    "adam_beta2": "optim.betas",
+    "adam_eps": "optim.eps",
+    "clip_grad": "optim.clip_grad",
+    "initial_loss_scale": "optim.initial_loss_scale",
+    "min_loss_scale": "optim.min_loss_scale",
+    "loss_scale_window": "optim.loss_scale_window",
+    "hysteresis": "optim.hysteresis",
+    "fp16": "dtype",
+    "bf16": "dtype",
+    "params_dtype": "dtype",
+    "use_distributed_optimizer": "megatron.use_distributed_optimizer",
+}
+
+# DistributedDataParallelConfig fields this package sets itself.
+DDP_FIELDS_FROM_KEYS = {"use_distributed_optimizer": "megatron.use_distributed_optimizer"}
+
+
+def _dataclass_fields(kind: str) -> set[str]:
+    """The field names of megatron-core's ``TransformerConfig``, ``OptimizerConfig`` or DDP config."""
+    if kind == "transformer":
+        from megatron.core.transformer import TransformerConfig as cls
+    elif kind == "optimizer":
+        from megatron.core.optimizer import OptimizerConfig as cls
+    else:
+        from megatron.core.distributed import DistributedDataParallelConfig as cls
+    return {field.name for field in dataclasses.fields(cls)}
+
+
+_DATACLASS_NAMES = {
+    "transformer": "megatron-core's TransformerConfig",
+    "optimizer": "megatron-core's OptimizerConfig",
+    "ddp": "megatron-core's DistributedDataParallelConfig",
+}
+
+
+def check_passthrough_keys(overrides: Any, kind: str, key: str, decided_by: Mapping[str, str]) -> dict[str, Any]:
+    """The keys of a pass-through dictionary, each checked against the fields of megatron-core's dataclass.
+
+    Args:
+        overrides: the dictionary from the YAML (null counts as empty).
+        kind: "transformer", "optimizer" or "ddp": which megatron-core dataclass it goes to.
+        key: its full config key, for messages.
+        decided_by: fields that another key sets -> that key (refused here, with it named).
+
+    Returns:
+        The dictionary as a plain dict.
+
+    Raises:
+        FieldError: not a mapping; a key that is no field of the dataclass (the close matches named); a key that
+            another config key decides.
+    """
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise FieldError(key, f"must be a mapping of {_DATACLASS_NAMES[kind]} fields to values, got {overrides!r}.")
+    fields = _dataclass_fields(kind)
+    for name in overrides:
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), sorted(fields), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else "; see megatron-core's documentation."
+            raise FieldError(f"{key}.{name}", f"is not a field of {_DATACLASS_NAMES[kind]} (megatron-core 0.16){hint}")
+        if name in decided_by:
+            raise FieldError(
+                f"{key}.{name}",
+                f"is decided by {decided_by[name]}: set that instead (the override would disagree with it).",
+            )
+    return dict(overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class MegatronConfig(BaseConfig):
+    """A megatron section: model-parallel layout, training path, offload, checkpoints and pass-throughs.
+
+    See ``ppo_trainer.yaml`` (``actor_rollout_ref.actor.megatron``) for each key and docs/advance/backends.md for
+    what each means here.
+    """
+
+    param_offload: bool
+    grad_offload: bool
+    optimizer_offload: bool
+    tensor_model_parallel_size: int
+    expert_model_parallel_size: int
+    expert_tensor_parallel_size: int | None
+    pipeline_model_parallel_size: int
+    virtual_pipeline_model_parallel_size: int | None
+    context_parallel_size: int
+    sequence_parallel: bool
+    use_distributed_optimizer: bool
+    use_dist_checkpointing: bool
+    dist_checkpointing_path: str | None
+    dist_checkpointing_prefix: str
+    seed: int
+    override_ddp_config: Any
+    override_transformer_config: Any
+    use_mbridge: bool
+    vanilla_mbridge: bool
+    use_megatron_optimizer: bool | Literal["auto"]
+
+    def check(self) -> None:
+        check_int(self, "tensor_model_parallel_size", 1)
+        check_int(self, "pipeline_model_parallel_size", 1)
+        check_int(self, "expert_model_parallel_size", 1)
+        check_int(self, "expert_tensor_parallel_size", 1)
+        check_int(self, "virtual_pipeline_model_parallel_size", 1)
+        check_int(self, "context_parallel_size", 1)
+        check_int(self, "seed", 0)
+        self._check_layout()
+        if self.use_dist_checkpointing and not self.dist_checkpointing_path:
+            raise FieldError(
+                "dist_checkpointing_path",
+                "is empty, and use_dist_checkpointing=true loads the initial weights from it: set it to a "
+                "megatron-core distributed checkpoint (python -m verl.models.mcore.dist_checkpoint converts a "
+                "Hugging Face model into one), or set use_dist_checkpointing=false.",
+            )
+        self._check_passthroughs()
+
+    def _check_layout(self) -> None:
+        if self.expert_model_parallel_size > 1:
+            raise FieldError(
+                "expert_model_parallel_size",
+                f"={self.expert_model_parallel_size}: expert parallelism splits a mixture-of-experts model's "
+                "experts, and the megatron backend converts dense Llama / Qwen2 models only (no experts to split). "
+                "Set it to 1.",
+            )
+        etp = self.expert_tensor_parallel_size
+        if etp is not None and etp not in (1, self.tensor_model_parallel_size):
+            raise FieldError(
+                "expert_tensor_parallel_size",
+                f"={etp}: it sets the tensor-parallel size of experts, and the megatron backend converts dense "
+                "models only. Leave it null (or 1).",
+            )
+        if self.context_parallel_size > 1:
+            raise FieldError(
+                "context_parallel_size",
+                f"={self.context_parallel_size}: context parallelism (each rank holding a slice of every sequence, "
+                "attention by Transformer Engine's ring exchange on CUDA) is not built here. Set it to 1 and "
+                "scale with tensor_model_parallel_size or more data-parallel ranks.",
+            )
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None and vpp > 1:
+            raise FieldError(
+                "virtual_pipeline_model_parallel_size",
+                f"={vpp}: the interleaved pipeline schedule (several model chunks per pipeline rank) is not built "
+                "here; each pipeline rank holds one chunk. Set it to null.",
+            )
+
+    def _check_passthroughs(self) -> None:
+        transformer = check_passthrough_keys(
+            self.override_transformer_config,
+            "transformer",
+            "override_transformer_config",
+            {
+                **dict.fromkeys(TRANSFORMER_FIELDS_FROM_MODEL, "the Hugging Face model's config"),
+                **TRANSFORMER_FIELDS_FROM_KEYS,
+            },
+        )
+        moe = sorted(name for name, value in transformer.items() if name.startswith("moe_") and value is not None)
+        if moe:
+            raise FieldError(
+                f"override_transformer_config.{moe[0]}",
+                "sets a mixture-of-experts option, and the megatron backend converts dense Llama / Qwen2 models "
+                "only (no experts). Remove it.",
+            )
+        check_passthrough_keys(self.override_ddp_config, "ddp", "override_ddp_config", DDP_FIELDS_FROM_KEYS)
+
+    @property
+    def is_model_parallel(self) -> bool:
+        return (self.tensor_model_parallel_size, self.pipeline_model_parallel_size) != (1, 1)
+
+    def same_layout(self, other: MegatronConfig) -> bool:
+        """Whether two sections split a model alike (megatron-core keeps one set of groups per process)."""
+        names = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
+        return all(getattr(self, name) == getattr(other, name) for name in names)
+
+    def transformer_overrides(self, device_type: str) -> dict[str, Any]:
+        """The ``TransformerConfig`` fields this section decides, for the model builder.
+
+        ``sequence_parallel`` (verl's default true) splits the activations of the layer norms along the sequence
+        over the tensor-parallel ranks; megatron-core allows it only with tensor parallelism, and it runs on CUDA
+        (its reduce-scatter), so it is on where both hold. ``override_transformer_config`` follows, with
+        ``attention_backend`` turned into megatron-core's enum.
+
+        Args:
+            device_type: "cpu" or "cuda".
+
+        Returns:
+            Keyword arguments for :func:`verl.models.mcore.build_transformer_config`.
+        """
+        overrides: dict[str, Any] = {
+            "sequence_parallel": self.sequence_parallel
+            and self.tensor_model_parallel_size > 1
+            and device_type == "cuda"
+        }
+        for name, value in dict(self.override_transformer_config or {}).items():
+            if name == "attention_backend" and isinstance(value, str):
+                from megatron.core.transformer.enums import AttnBackend
+
+                value = AttnBackend[value]
+            overrides[name] = list(value) if isinstance(value, tuple) else value
+        return overrides
+
+    def ddp_overrides(self) -> dict[str, Any]:
+        """``DistributedDataParallelConfig`` fields from ``override_ddp_config`` (megatron-core's path, CUDA)."""
+        return dict(self.override_ddp_config or {})
+
+    def check_device(self, device_type: str, key: str, *, trainable: bool = True) -> None:
+        """Refuse what this device cannot run, naming the key and saying why; log what offload means on CPU.
+
+        Args:
+            device_type: "cpu" or "cuda".
+            key: the section's full key (``actor_rollout_ref.actor.megatron``).
+            trainable: False for the frozen reference (it has no gradients or optimizer to offload).
+
+        Raises:
+            ValueError: a CUDA-only setting on CPU; gradient or optimizer offload of the frozen reference.
+        """
+        if not trainable:
+            for name in ("grad_offload", "optimizer_offload"):
+                if getattr(self, name):
+                    raise ValueError(
+                        f"{key}.{name}=true: the reference model is frozen, it has no gradients or optimizer state "
+                        f"to offload. Set it to false (param_offload applies to the reference)."
+                    )
+        if device_type == "cuda":
+            return
+        if self.use_dist_checkpointing:
+            raise ValueError(
+                f"{key}.use_dist_checkpointing=true needs CUDA: megatron-core 0.16's torch_dist checkpoint strategy "
+                "calls CUDA (torch.cuda.synchronize, current_device). On CPU set it to false (the weights then come "
+                "from actor_rollout_ref.model.path), or run with trainer.device=cuda."
+            )
+        for name, value in dict(self.override_transformer_config or {}).items():
+            if name in CUDA_KERNEL_FUSIONS and value:
+                raise ValueError(
+                    f"{key}.override_transformer_config.{name}=true needs apex / Transformer Engine CUDA kernels; "
+                    "on CPU the unfused path computes the same numbers. Remove it, or run with trainer.device=cuda."
+                )
+            if name in CUDA_RECOMPUTE_KEYS and value is not None:
+                raise ValueError(
+                    f"{key}.override_transformer_config.{name}={value!r} asks for megatron-core's activation "
+                    "recomputation, which saves and restores the CUDA RNG state (CUDA only). Leave it null on CPU, "
+                    "or run with trainer.device=cuda."
+                )
+        offloads = [name for name in ("param_offload", "grad_offload", "optimizer_offload") if getattr(self, name)]
+        if offloads:
+            logger.info(
+                "%s: %s on CPU: parameters, gradients and optimizer state already live in host memory; nothing moves",
+                key,
+                ", ".join(f"{name}=true" for name in offloads),
+            )
+
+    def training_path(self, device_type: str, key: str, *, has_megatron_optimizer_path: bool = True) -> bool:
+        """Whether to train with megatron-core's optimizer, DDP and schedules (else the torch.optim adapter).
+
+        ``auto`` takes megatron-core's path on CUDA and the adapter on CPU. A model without a megatron-core
+        optimizer path (``has_megatron_optimizer_path=False``, the critic today) always takes the adapter.
+
+        Args:
+            device_type: "cpu" or "cuda".
+            key: the section's full key, for messages (``actor_rollout_ref.actor.megatron``).
+            has_megatron_optimizer_path: whether the model can train on megatron-core's optimizer at all.
+
+        Raises:
+            ValueError: megatron-core's optimizer without CUDA or where the model lacks that path, or pipeline
+                parallelism on the adapter path (tensor parallelism runs there).
+        """
+        choice = self.use_megatron_optimizer
+        on_cuda = device_type == "cuda"
+        if choice is True and not has_megatron_optimizer_path:
+            raise ValueError(
+                f"{key}.use_megatron_optimizer=true: this model has no megatron-core optimizer path yet; set it to "
+                f"auto or false (the torch.optim adapter)."
+            )
+        if choice is True and not on_cuda:
+            raise ValueError(
+                f"{key}.use_megatron_optimizer=true needs CUDA: megatron-core's optimizer, DDP and schedules are "
+                f"CUDA-only. Use auto (the torch.optim adapter on CPU) or run with trainer.device=cuda."
+            )
+        use_megatron = has_megatron_optimizer_path and (on_cuda if choice == "auto" else bool(choice))
+        if choice == "auto" and on_cuda and not has_megatron_optimizer_path:
+            logger.warning("%s: no megatron-core optimizer path for this model yet; using the torch.optim adapter", key)
+        if not use_megatron and self.pipeline_model_parallel_size > 1:
+            # tensor parallelism runs on the adapter (megatron-core's layers over gloo); pipeline stages need
+            # megatron-core's schedules, which are CUDA-only
+            raise ValueError(
+                f"{key}.pipeline_model_parallel_size={self.pipeline_model_parallel_size} needs megatron-core's "
+                f"pipeline schedules and optimizer, which run on CUDA only; on CPU (the torch.optim adapter path) set "
+                f"it to 1 (tensor_model_parallel_size may be larger), or run on GPUs with "
+                f"{key}.use_megatron_optimizer=auto."
+            )
+        if not use_megatron and self.use_distributed_optimizer:
+            raise ValueError(
+                f"{key}.use_distributed_optimizer=true shards megatron-core's optimizer state over the data-parallel "
+                "ranks, and this model trains on the torch.optim adapter (CPU, or use_megatron_optimizer=false). "
+                "Set it to false, or train on megatron-core's path (CUDA, use_megatron_optimizer=auto)."
+            )
+        return use_megatron
+
+
+def check_optimizer_overrides(overrides: Any, key: str, *, uses_megatron_optimizer: bool | None) -> dict[str, Any]:
+    """``optim.override_optimizer_config`` of a megatron model: keys checked against ``OptimizerConfig``.
+
+    Args:
+        overrides: the dictionary (null counts as empty).
+        key: its full key (``actor_rollout_ref.actor.optim.override_optimizer_config``).
+        uses_megatron_optimizer: whether megatron-core's optimizer runs (False: the torch.optim adapter, where
+            a non-empty dictionary is refused; None: not known yet, keys checked only).
+
+    Returns:
+        The dictionary as a plain dict.
+
+    Raises:
+        ValueError: an unknown or otherwise-decided key (as :func:`check_passthrough_keys`); any key on the adapter.
+    """
+    checked = check_passthrough_keys(overrides, "optimizer", key, OPTIMIZER_FIELDS_FROM_KEYS)
+    if checked and uses_megatron_optimizer is False:
+        raise ValueError(
+            f"{key} sets {sorted(checked)}: megatron-core's OptimizerConfig options, and this model trains on the "
+            "torch.optim adapter (CPU, or megatron.use_megatron_optimizer=false), which has no such options. Leave "
+            "it empty, or train on megatron-core's path (CUDA)."
+        )
+    return checked
+
+
+def check_megatron_sections(config: Any) -> None:
+    """The cross-section rules of the megatron keys, for :class:`~verl.workers.config.PPOConfig`.
+
+    The reference shares the actor's process and so megatron-core's model-parallel groups: its layout must be the
+    actor's. ``optim.override_optimizer_config`` applies to megatron-core's optimizer only. On ``trainer.device=cpu``
+    what needs CUDA is refused here (:meth:`MegatronConfig.check_device`); on CUDA the builders check again.
+
+    Args:
+        config: the whole :class:`~verl.workers.config.PPOConfig`.
+
+    Raises:
+        ValueError: a rule broken, naming the key.
+    """
+    arr = config.actor_rollout_ref
+    device = config.trainer.device if config.trainer.device == "cpu" else None
+    sections = []  # (megatron section, its key, optim section or None, trainable, has an optimizer path)
+    if arr.actor.strategy == "megatron":
+        sections.append((arr.actor.megatron, "actor_rollout_ref.actor", arr.actor.optim, True, True))
+        if config.needs_reference:
+            sections.append((arr.ref.megatron, "actor_rollout_ref.ref", None, False, True))
+            if not arr.ref.megatron.same_layout(arr.actor.megatron):
+                raise ValueError(
+                    "actor_rollout_ref.ref.megatron's tensor/pipeline/context parallel sizes differ from the actor's: "
+                    "the reference runs in the actor's processes, which hold one set of megatron-core groups. Leave "
+                    "the ref sizes at their defaults (they follow the actor's) or set them equal."
+                )
+    else:
+        _refuse_optimizer_overrides(arr.actor.optim, "actor_rollout_ref.actor", arr.actor.strategy)
+    if config.needs_critic:
+        if config.critic_strategy == "megatron":
+            sections.append((config.critic.megatron, "critic", config.critic.optim, True, False))
+        else:
+            _refuse_optimizer_overrides(config.critic.optim, "critic", config.critic_strategy)
+    for megatron, key, optim, trainable, has_path in sections:
+        uses_megatron = None
+        if device is not None:
+            megatron.check_device(device, f"{key}.megatron", trainable=trainable)
+            uses_megatron = megatron.training_path(device, f"{key}.megatron", has_megatron_optimizer_path=has_path)
+        elif not trainable:
+            megatron.check_device("cuda", f"{key}.megatron", trainable=False)
+        if optim is not None:
+            check_optimizer_overrides(
+                optim.override_optimizer_config,
+                f"{key}.optim.override_optimizer_config",
+                uses_megatron_optimizer=False if not has_path else uses_megatron,
+            )
+
+
+def _refuse_optimizer_overrides(optim: Any, key: str, strategy: str) -> None:
+    if optim.override_optimizer_config:
+        raise ValueError(
+            f"{key}.optim.override_optimizer_config is set, but nothing reads it: it holds megatron-core "
+            f"OptimizerConfig fields, which apply with {key}.strategy=megatron (it trains with {strategy}). Leave it "
+            "empty."
+        )
