@@ -192,7 +192,14 @@ class AdaptersOffReference:
 
     def compute_log_prob(self, data: Any, micro_batching: Any = None, calculate_entropy: bool = False):
         """As the actor's ``compute_log_prob`` (log-probs (B, R), entropy or None), with the adapters off."""
+        trainable = [p for p in self.actor.model_module().parameters() if p.requires_grad]
         with self.actor.peft_model.disable_adapter():
+            # peft's switch also marks the adapters frozen; they stay trainable here (the pass runs without
+            # gradients, and a switched-off adapter is skipped whatever the flag says), because FSDP2 fixes each
+            # unit's gradient dtypes at its first forward from the parameters that require gradients then: a first
+            # forward in this pass would leave the adapters' fp16 gradients uncast to their fp32 shards
+            for param in trainable:
+                param.requires_grad_(True)
             return self.actor.compute_log_prob(data, micro_batching, calculate_entropy)
 
 

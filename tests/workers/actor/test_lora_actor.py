@@ -196,3 +196,19 @@ def test_the_merged_weights_a_rollout_engine_gets_give_the_trainers_log_probs(ba
     torch.testing.assert_close(engine.compute_log_prob(batch)[0], expected, rtol=0, atol=1e-5)
     # the base weight alone would not do: the adapters moved the log-probs
     assert not torch.allclose(expected, batch.batch["old_log_probs"], atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reference_pass_first_leaves_the_adapters_trainable(backend):
+    # the worker's first forward can be the reference's (adapters off, no old-log-prob pass): peft's switch marks
+    # the adapters frozen, and FSDP2 fixes a unit's gradient dtypes at its first forward from the parameters that
+    # require gradients then; the fp16 update after it must still work and move the adapters only
+    actor = make_lora_actor(backend, dtype="float16", use_kl_loss=True, optim={"lr": 1e-2, "initial_loss_scale": 1024})
+    batch = ppo_batch()
+    batch.batch["ref_log_prob"], _ = AdaptersOffReference(actor).compute_log_prob(batch)  # the first forward
+    assert all(p.requires_grad for name, p in actor.actor_module.named_parameters() if "lora_" in name)
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    before = weights(actor, adapters=True)
+    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    after = weights(actor, adapters=True)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
