@@ -10,6 +10,7 @@ import pickle
 import pytest
 import torch
 
+import verl.trainer.main_ppo as main_ppo
 from verl.trainer.main_ppo import EXIT_BAD_CHECKPOINT, EXIT_BAD_CONFIG, choose_checkpoint, run
 from verl.utils.checkpoint import save_state, save_weights
 from verl.workers.config import PPOConfig, compose_omegaconf
@@ -185,3 +186,20 @@ def test_absolute_config_path_is_taken_as_given(tmp_path):
     )
     composed = parse_command_line([f"--config-path={tmp_path}", "--config-name=mine"], CONFIG_DIR, "ppo_trainer")
     assert composed.config.trainer.total_epochs == 7
+
+
+def test_a_workers_exception_is_logged_with_the_workers_traceback(capfd, monkeypatch):
+    # what verl.single_controller.results re-raises in the driver: the worker's type and message, and its traceback
+    # as an attribute, which the driver's own traceback does not show
+    err = RuntimeError("attempting to assign a gradient")
+    err.remote_traceback = 'File "verl/workers/actor/backend.py", line 99, in accumulate_micro_batches'
+    err.rank = 3
+
+    def failing_run(config):
+        raise err
+
+    monkeypatch.setattr(main_ppo, "run", failing_run)
+    with pytest.raises(RuntimeError, match="assign a gradient"):
+        main_ppo.cli([])
+    logged = capfd.readouterr().err  # the command line's own log handler writes to stderr
+    assert "rank 3 raised RuntimeError; its traceback:" in logged and "accumulate_micro_batches" in logged

@@ -438,7 +438,16 @@ def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config
     except ValueError as err:
         logger.error("Bad config: %s", err)
         sys.exit(EXIT_BAD_CONFIG)
-    sys.exit(run(config))
+    try:
+        code = run(config)
+    except Exception as err:
+        # a worker's exception reaches the driver as its own type and message; where it was raised is the worker's
+        # traceback (verl.single_controller.results attaches it), which the driver's own traceback does not show
+        remote = getattr(err, "remote_traceback", None)
+        if remote:
+            logger.error("rank %s raised %s; its traceback:\n%s", getattr(err, "rank", "?"), type(err).__name__, remote)
+        raise
+    sys.exit(code)
 
 
 if __name__ == "__main__":
