@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.verl_scripts.harness import load_scripts, start_up_check, write_inputs
 
-MIN_PASSING = 37
+MIN_PASSING = 40
 # The out-of-scope features a refusal may name (a regex each).
 OUT_OF_SCOPE = {
     "SGLang": r"SGLang",
@@ -22,7 +22,6 @@ OUT_OF_SCOPE = {
     "sandbox services": r"sandbox",
     "shared-memory model copy": r"/dev/shm",
     "mixture-of-experts models": r"mixture-of-experts",
-    "Ulysses sequence parallelism": r"Ulysses",
 }
 # What this machine lacks: a CUDA-only path (the harness keeps trainer.device=cpu) is refused at start-up.
 NEEDS_CUDA = r"needs CUDA|\(CUDA only\)"
@@ -35,8 +34,6 @@ BROKEN_IN_VERL = {
 PENDING = {
     "run_gptoss_20b.sh": "fsdp_config.model_dtype (then SGLang, out of scope)",
     "run_qwen3-32b_npu.sh": "fsdp_config.mixed_precision",
-    "run_qwen2_5-3b_gsm8k_grpo_lora.sh": "LoRA with vLLM (issue 29)",
-    "run_qwen2_5_vl-7b_lora.sh": "LoRA with vLLM (issue 29)",
     "run_qwen3moe-30b_megatron_96gb.sh": "model.override_config",
 }
 

@@ -44,6 +44,9 @@ _PARALLEL_SIZES = {
     "expert_parallel_size": "1",
 }
 _HARDWARE = {"trainer.nnodes": "1", "trainer.n_gpus_per_node": str(N_GPUS_PER_NODE)}
+# A LoRA rank must fit the model: the scripts' model's narrowest projection (k_proj, 64 -> 32) takes rank 32 at most,
+# where the scripts' 7B models take their rank 64.
+MAX_LORA_RANK = 32
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def _num_files(value: str) -> int:
 
 def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, ...]:
     """The overrides with only the model path, the data files and the hardware sizes changed for this machine
-    (``inputs``: :func:`write_inputs`)."""
+    (``inputs``: :func:`write_inputs`), and a LoRA rank cut to what the model's layers take (``MAX_LORA_RANK``)."""
     out, seen = [], set()
     for override in overrides:
         key, eq, value = override.partition("=")
@@ -146,6 +149,8 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
             value = _HARDWARE[bare]
         elif eq and last in _PARALLEL_SIZES:
             value = _PARALLEL_SIZES[last]
+        elif eq and bare == "actor_rollout_ref.model.lora_rank" and value.isdigit():
+            value = str(min(int(value), MAX_LORA_RANK))
         seen.add(bare)
         out.append(f"{key}{eq}{value}" if eq else override)
     out += [f"{key}={value}" for key, value in _HARDWARE.items() if key not in seen]
