@@ -47,7 +47,8 @@ def lora_config(model_config: Any):
         r=model_config.lora_rank,
         lora_alpha=model_config.lora_alpha,
         target_modules=model_config.target_modules,
-        exclude_modules=model_config.exclude_modules,
+        # the critic's section has no exclude_modules (verl's neither)
+        exclude_modules=getattr(model_config, "exclude_modules", None),
         lora_dropout=0.0,
         bias="none",
         task_type="CAUSAL_LM",
@@ -73,9 +74,10 @@ def add_lora_adapters(module: torch.nn.Module, model_config: Any, *, key: str = 
     """
     from peft import PeftModel, get_peft_model
 
-    if model_config.lora_adapter_path:
-        peft_model = PeftModel.from_pretrained(module, model_config.lora_adapter_path, is_trainable=True)
-        logger.info("LoRA: adapter loaded from %s", model_config.lora_adapter_path)
+    adapter_path = getattr(model_config, "lora_adapter_path", None)  # the critic's section has none
+    if adapter_path:
+        peft_model = PeftModel.from_pretrained(module, adapter_path, is_trainable=True)
+        logger.info("LoRA: adapter loaded from %s", adapter_path)
     else:
         try:
             peft_model = get_peft_model(module, lora_config(model_config))
@@ -128,7 +130,7 @@ def check_lora_targets(model_config: Any, *, key: str = KEY) -> int:
     hf_config = load_hf_config(model_config.path, model_config.trust_remote_code)
     with torch.device("meta"):
         module = AutoModelForCausalLM.from_config(hf_config)
-    if model_config.lora_adapter_path:
+    if getattr(model_config, "lora_adapter_path", None):
         return _count_adapter_params(model_config.lora_adapter_path)
     add_lora_adapters(module, model_config, key=key)
     return sum(p.numel() for p in module.parameters() if p.requires_grad)

@@ -212,3 +212,51 @@ def test_a_reference_pass_first_leaves_the_adapters_trainable(backend):
     assert actor.update_policy(batch)["actor/update_failed"] == 0.0
     after = weights(actor, adapters=True)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+# ---------------------------------------------------------------------------------------------- the critic
+
+
+def make_lora_critic(backend, **overrides):
+    from tests.workers.critic.conftest import critic_config
+    from verl.workers.critic.dp_critic import build_dp_critic
+    from verl.workers.critic.fsdp_critic import build_fsdp_critic
+
+    config = critic_config(model={"lora_rank": RANK, "lora_alpha": 8}, **overrides)
+    if backend == "dp":
+        return build_dp_critic(tiny_qwen2(0), config, total_training_steps=100)
+    return build_fsdp_critic(tiny_qwen2(0), config, mesh=device_mesh("cpu"), total_training_steps=100)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_lora_critic_trains_its_adapters_and_value_head_only(backend):
+    from tests.workers.critic.conftest import value_batch
+
+    critic = make_lora_critic(backend)
+    module = critic.model_module()
+    trainable = {name for name, p in module.named_parameters() if p.requires_grad}
+    # the actor's adapters on the same backbone (the LM head is not in the backbone: all-linear never targets it)
+    # plus the value head's weight (32) and bias (1)
+    assert {n for n in trainable if "lora_" not in n} == {"value_head.weight", "value_head.bias"}
+    numel = sum(p.numel() for n, p in module.named_parameters() if n in trainable)
+    assert numel == NUM_ADAPTER_PARAMS + 33
+    held = [p for group in critic.optimizer.param_groups for p in group["params"]]
+    assert sum(p.numel() for p in held) == numel  # the optimizer holds the trainable parameters only
+    before = {k: full(v) for k, v in module.state_dict().items()}
+    metrics = critic.update_critic(value_batch())
+    assert metrics["critic/update_failed"] == 0.0
+    after = {k: full(v) for k, v in module.state_dict().items()}
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert "value_head.weight" in changed and any("lora_B" in k for k in changed)
+    assert all("lora_" in k or k.startswith("value_head") for k in changed)  # the base weights never move
+
+
+def test_critic_lora_is_refused_on_megatron_and_checked_against_the_model():
+    from verl.workers.config import compose_ppo_config
+
+    gae = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8"]
+    with pytest.raises(ValueError, match=r"critic.model.lora_rank=8: LoRA is not supported on the megatron backend"):
+        compose_ppo_config([*gae, "critic.strategy=megatron", "critic.model.lora_rank=8"])
+    with pytest.raises(ValueError, match=r"critic.model.lora_rank=64 is larger than the width of .*k_proj"):
+        compose_ppo_config([*gae, "critic.model.lora_rank=64"])
+    assert compose_ppo_config([*gae, "critic.model.lora_rank=8"]).critic.model.lora_rank == 8

@@ -75,6 +75,7 @@ def check_lora(config: Any) -> None:
         ValueError: LoRA on the megatron backend, with the fused head on a targeted output layer, the megatron
             form on dp/fsdp, or targets/rank that do not fit the model.
     """
+    _check_critic_lora(config)
     arr = config.actor_rollout_ref
     model, strategy = arr.model, arr.actor.strategy
     if strategy == "megatron" and (model.lora_rank or model.lora.rank):
@@ -100,3 +101,19 @@ def check_lora(config: Any) -> None:
     from verl.utils.lora import check_lora_targets
 
     check_lora_targets(model, key=KEY)
+
+
+def _check_critic_lora(config: Any) -> None:
+    """``critic.model.lora_rank > 0``: adapters on the value model's backbone (dp and fsdp2), its value head trained
+    whole; refused on megatron; targets and rank checked on an empty copy of the critic's model."""
+    critic = config.critic.model
+    if not (config.needs_critic and critic.lora_rank):
+        return
+    if config.critic_strategy == "megatron":
+        raise ValueError(
+            f"critic.model.lora_rank={critic.lora_rank}: {MEGATRON_REFUSAL}; train the critic with "
+            "critic.strategy=fsdp (or dp), or set critic.model.lora_rank=0."
+        )
+    from verl.utils.lora import check_lora_targets
+
+    check_lora_targets(critic, key="critic.model")

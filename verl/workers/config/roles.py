@@ -148,12 +148,7 @@ class CriticModelConfig(BaseConfig):
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
         check_int(self, "lora_rank", 0)
-        if self.lora_rank:
-            raise FieldError(
-                "lora_rank",
-                f"={self.lora_rank}: LoRA on the value model is not provided here yet (the actor has it, "
-                "actor_rollout_ref.model.lora_rank); set critic.model.lora_rank=0.",
-            )
+        check_number(self, "lora_alpha", 0, exclusive_min=True)
 
 
 @dataclasses.dataclass(frozen=True)

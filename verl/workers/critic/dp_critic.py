@@ -56,11 +56,13 @@ class ValueModel(torch.nn.Module):
         head_init_std: float = DEFAULT_HEAD_INIT_STD,
         seed: int = 1,
         trust_remote_code: bool = False,
+        lora: Any = None,
     ) -> ValueModel:
         """A value model on the backbone of a causal LM (a path, ``None``/"default" for the tiny model, or a module).
 
         The LM head is discarded; the backbone keeps the LM's weights. Parameters are float32 (master weights;
-        fp16/bf16 run under autocast).
+        fp16/bf16 run under autocast). With ``lora`` (the ``critic.model`` section, ``lora_rank > 0``) the LM gets
+        peft's LoRA adapters first and its base weights are frozen: the adapters and the fresh value head train.
 
         Raises:
             ValueError: the module has no config with ``hidden_size``.
@@ -79,6 +81,10 @@ class ValueModel(torch.nn.Module):
                 f"{type(lm).__name__} has no config.hidden_size; pass a Hugging Face causal LM (e.g. "
                 "Qwen2ForCausalLM) or its path."
             )
+        if lora is not None and lora.lora_rank:
+            from verl.utils.lora import add_lora_adapters
+
+            add_lora_adapters(lm, lora, key="critic.model")  # in place: the backbone below holds the adapters
         backbone = lm.base_model if isinstance(lm, PreTrainedModel) else getattr(lm, "model", lm)
         model = cls(backbone, int(hidden_size), head_init_std=head_init_std, seed=seed)
         return model.to(device=device, dtype=torch.float32)
@@ -166,11 +172,12 @@ def build_dp_critic(
             device=device,
             seed=critic_config.seed,
             trust_remote_code=critic_config.model.trust_remote_code,
+            lora=critic_config.model,
         )
     if critic_config.model.use_onednn_linear:
         use_onednn_linear(module, device)
     optimizer, scheduler = build_amp_optimizer(
-        module.parameters(),
+        [p for p in module.parameters() if p.requires_grad],  # LoRA: the adapters and the value head
         critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
