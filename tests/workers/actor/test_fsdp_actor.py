@@ -269,3 +269,29 @@ def test_fused_kernels_and_compile_give_the_plain_update(monkeypatch, overrides)
     want, got = plain.update_policy(batch), other.update_policy(batch)
     assert got["actor/update_failed"] == 0.0
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+
+
+def test_one_rank_decoding_runs_the_lean_step_on_the_shards_and_matches_dp():
+    # on one rank the shards are the whole weights: the rollout decodes on a plain view of them with the dp
+    # backend's lean step, so its logits are the dp actor's own, bit for bit (same tensors, same code, same autocast)
+    from verl.models.llama_decode import LlamaFamilyDecoder
+    from verl.workers.actor.fsdp_actor import OneRankPlainDecoder
+
+    dp = build_dp_actor(actor_config(), tiny_qwen2(0), total_training_steps=100)
+    fsdp = make_fsdp_actor()
+    decoder = fsdp.incremental_decoder()
+    assert isinstance(decoder, OneRankPlainDecoder)
+    batch = ppo_batch().batch
+    prompt = slice(0, batch["input_ids"].shape[1] - batch["responses"].shape[1])
+    args = (batch["input_ids"][:, prompt], batch["attention_mask"][:, prompt], batch["position_ids"][:, prompt])
+    reference = dp.incremental_decoder()
+    torch.testing.assert_close(decoder.prefill(*args, 3), reference.prefill(*args, 3), rtol=0, atol=0)
+    assert isinstance(decoder.inner, LlamaFamilyDecoder) and decoder.inner._layers is not None  # the lean step
+    mask, position = args[1], args[2][:, -1]
+    for token in (5, 7):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        position = position + 1
+        tokens = torch.full((mask.shape[0],), token)
+        torch.testing.assert_close(decoder.decode(tokens, mask, position), reference.decode(tokens, mask, position))
+    decoder.release()
+    assert all(p.is_meta for p in decoder.plain.parameters())  # the view lets the shards go between calls

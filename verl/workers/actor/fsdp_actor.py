@@ -32,6 +32,7 @@ from verl.workers.actor.backend import FSDPBackend
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
+from verl.workers.rollout.decoding import IncrementalDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,82 @@ class FSDPPPOActor(DataParallelPPOActor):
             backend=backend,
             **loop_parts,
         )
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """On one rank the shards are the whole weights: the rollout decodes on a plain copy of the model that
+        shares them (:class:`OneRankPlainDecoder`), with the ``dp`` backend's lean decode step. On more ranks each
+        forward gathers one layer at a time, as in training (the Hugging Face decoder through FSDP2's hooks)."""
+        if self.backend.mesh.size() == 1 and isinstance(self.actor_module, PreTrainedModel):
+            return OneRankPlainDecoder(self.actor_module, self.autocast)
+        return super().incremental_decoder()
+
+
+class OneRankPlainDecoder(IncrementalDecoder):
+    """Decoding for an FSDP2 model sharded over one rank, on a plain (unsharded) copy of its Hugging Face class.
+
+    An FSDP2 module gathers its weights only inside its own forward, through hooks on every wrapped layer, so the
+    lean decode step (:class:`~verl.models.llama_decode.LlamaFamilyDecoder`, which computes each decode step from the
+    weights directly) cannot run on it. On one rank each shard is a whole parameter: at each call's prefill the
+    plain copy takes those very tensors (no copy; a LoRA model's adapted layers are merged,
+    :func:`verl.utils.lora.merged_lora_weights`), and the call decodes on it as the ``dp`` backend does, in the same
+    autocast; :meth:`release` drops them.
+
+    Args:
+        sharded: the FSDP2-sharded Hugging Face causal LM (one rank).
+        autocast: the actor's mixed-precision context factory.
+    """
+
+    def __init__(self, sharded: PreTrainedModel, autocast):
+        from transformers import AutoModelForCausalLM
+
+        self.sharded = sharded
+        self.autocast = autocast
+        with torch.device("meta"):
+            self.plain = AutoModelForCausalLM.from_config(
+                sharded.config, attn_implementation=sharded.config._attn_implementation
+            )
+        self.plain.eval()
+        self.onednn = any(type(m).__name__ == "OneDNNLinear" for m in sharded.modules())
+        self.inner: IncrementalDecoder | None = None
+
+    def _load_plain_weights(self) -> None:
+        from verl.utils.fsdp_utils import local_tensor
+        from verl.utils.lora import lora_scalings, merged_lora_weights
+
+        weights = ((name, local_tensor(tensor)) for name, tensor in self.sharded.state_dict().items())
+        scalings = lora_scalings(self.sharded)
+        if scalings:
+            weights = merged_lora_weights(weights, scalings)
+        self.plain.load_state_dict(dict(weights), assign=True)
+        # buffers outside the state dict (the rotary frequencies) are the sharded model's own, whole on every rank
+        for name, buffer in self.sharded.named_buffers():
+            owner, _, leaf = name.rpartition(".")
+            self.plain.get_submodule(owner).register_buffer(leaf, buffer, persistent=False)
+        if self.onednn:  # the same linear kernels as the training forward (verl.utils.cpu_linear)
+            from verl.utils.cpu_linear import use_onednn_linear
+
+            use_onednn_linear(self.plain, next(self.plain.parameters()).device)
+
+    def prefill(self, input_ids, attention_mask, position_ids, max_new_tokens):
+        from verl.models.llama_decode import LlamaFamilyDecoder, supports_llama_decode
+        from verl.workers.rollout.decoding import HFCachedDecoder
+
+        self._load_plain_weights()
+        decoder = LlamaFamilyDecoder if supports_llama_decode(self.plain) else HFCachedDecoder
+        self.inner = decoder(self.plain, self.autocast)
+        return self.inner.prefill(input_ids, attention_mask, position_ids, max_new_tokens)
+
+    def decode(self, tokens, attention_mask, position_ids):
+        return self.inner.decode(tokens, attention_mask, position_ids)
+
+    def keep_rows(self, rows):
+        self.inner.keep_rows(rows)
+
+    def release(self):
+        if self.inner is not None:
+            self.inner.release()
+            self.inner = None
+        self.plain.to_empty(device="meta")  # the shared tensors (or a LoRA run's merged ones) are let go
 
 
 def shard_for_training(module, config, fsdp_config, *, mesh, total_training_steps, wrap_class_names, key, trainable):
