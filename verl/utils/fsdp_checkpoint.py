@@ -191,23 +191,37 @@ def load_sharded(
                 optimizer.state[param] = targets[param]
 
 
-def export_huggingface(directory: str | os.PathLike, model: Any, weights_file: str | os.PathLike) -> None:
+def export_huggingface(
+    directory: str | os.PathLike,
+    model: Any,
+    weights_file: str | os.PathLike | None = None,
+    weights: dict[str, Any] | None = None,
+) -> None:
     """A directory ``transformers`` loads: ``config.json``, the generation config (if any) and the full weights.
 
-    The weights file is hard-linked from ``weights_file`` (the role's ``model.safetensors``, same tensors and
-    names) where the file system allows, and copied otherwise. Rank 0 only.
+    Rank 0 only. Either the weights are already on disk (``weights_file``, the role's ``model.safetensors``, same
+    tensors and names: hard-linked where the file system allows, copied otherwise) or they are given
+    (``weights``, e.g. a LoRA model's merged weights, written here).
 
     Args:
         directory: where to write (created).
         model: the Hugging Face model (sharded or not): its ``config`` and ``generation_config`` are written.
         weights_file: the gathered full weights, already written.
+        weights: the weights to write instead, under the Hugging Face model's names.
     """
+    if (weights_file is None) == (weights is None):
+        raise ValueError("export_huggingface takes exactly one of weights_file and weights")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(directory)
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
         generation_config.save_pretrained(directory)
+    if weights is not None:
+        from verl.utils.checkpoint import WEIGHTS_FILE, save_weights
+
+        save_weights(directory / WEIGHTS_FILE, weights)
+        return
     target = directory / Path(weights_file).name
     try:
         os.link(weights_file, target)  # no second copy of the weights on disk

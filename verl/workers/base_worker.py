@@ -88,6 +88,18 @@ class _ModelWorker(Worker):
     def _device(self) -> str:
         return next(self._trained().model_module().parameters()).device.type
 
+    def _save_extras(self, directory: Path) -> None:
+        """Rank 0's additions to a checkpoint beyond the model's own files: the tokenizer next to a Hugging Face
+        export (``huggingface/``), so that the export is a complete model directory."""
+        from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR
+
+        export = directory / HF_EXPORT_DIR
+        if export.is_dir():
+            from verl.models.loading import load_tokenizer
+
+            model = self.config.actor_rollout_ref.model
+            load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code).save_pretrained(export)
+
     def _save_rank_state(self, directory: Path) -> None:
         """Per-rank random state (each rank samples differently); subclasses add what they own."""
         save_state(rng_state_path(directory, self.rank), self._rank_state())
@@ -114,6 +126,7 @@ class _ModelWorker(Worker):
         directory = Path(directory)
         if self.rank == 0:
             self._trained().save_checkpoint(directory)
+            self._save_extras(directory)
         if dist.is_initialized():
             dist.barrier()  # the directory exists once rank 0 is through
         directory.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from verl.single_controller import Dispatch, register
-from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR
 from verl.utils.fsdp_utils import device_mesh
 from verl.workers.actor.fsdp_actor import FSDPPPOActor, build_fsdp_actor
 from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, choose_device
@@ -59,9 +58,6 @@ class _FSDPWorkerMixin:
             self._save_extras(directory)
         self._save_rank_state(directory)
         dist.barrier()
-
-    def _save_extras(self, directory: Path) -> None:
-        """Rank 0's additions to a checkpoint beyond the model's own files (none by default)."""
 
 
 class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
@@ -120,15 +116,6 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
         )
         actor.peft_model = peft_model
         return actor
-
-    def _save_extras(self, directory: Path) -> None:
-        """The tokenizer next to the Hugging Face export, so that the export is a complete model directory."""
-        export = directory / HF_EXPORT_DIR
-        if export.is_dir():
-            from verl.models.loading import load_tokenizer
-
-            model = self.config.actor_rollout_ref.model
-            load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code).save_pretrained(export)
 
 
 class FSDPCriticWorker(_FSDPWorkerMixin, CriticWorker):

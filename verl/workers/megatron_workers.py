@@ -94,6 +94,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
                 return super().save_checkpoint(directory)
             directory = Path(directory)
             self._trained().save_checkpoint(directory)
+            if self.rank == 0:
+                self._save_extras(directory)
             dist.barrier()
             directory.mkdir(parents=True, exist_ok=True)
             self._save_rank_state(directory)

@@ -163,6 +163,51 @@ def test_the_exported_adapter_loads_in_peft_and_gives_the_same_log_probs(backend
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
+HF_MODEL = {"save_contents": ["model", "optimizer", "extra", "hf_model"]}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hf_model_in_save_contents_exports_the_merged_model_transformers_loads(backend, tmp_path):
+    # checkpoint.save_contents += [hf_model]: huggingface/ holds W + (alpha / r) B A under the plain model's names,
+    # which transformers loads as the plain Qwen2 model; its log-probs must be the LoRA actor's own
+    from transformers import AutoModelForCausalLM
+
+    actor = make_lora_actor(backend, optim={"lr": 5e-2}, checkpoint=HF_MODEL)
+    batch = with_old_log_probs(actor)
+    actor.update_policy(batch)  # B is no longer zero: the merge matters
+    actor.save_checkpoint(tmp_path / "ckpt")
+    export = tmp_path / "ckpt" / "huggingface"
+    loaded = AutoModelForCausalLM.from_pretrained(export, attn_implementation="eager").float().eval()
+    assert not any("lora_" in name for name in loaded.state_dict())
+    plain = build_dp_actor(actor_config(), loaded, total_training_steps=1, trainable=False)
+    expected, _ = actor.compute_log_prob(batch)
+    torch.testing.assert_close(plain.compute_log_prob(batch)[0], expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(expected, batch.batch["old_log_probs"], atol=1e-5)  # the adapters moved them
+    assert (tmp_path / "ckpt" / LORA_ADAPTER_DIR / "adapter_config.json").is_file()  # the adapter is still written
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_hf_model_a_lora_checkpoint_writes_no_second_copy_of_the_weights(backend, tmp_path):
+    actor = make_lora_actor(backend)
+    actor.save_checkpoint(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt" / "huggingface").exists()
+    assert (tmp_path / "ckpt" / LORA_ADAPTER_DIR / "adapter_model.safetensors").is_file()
+
+
+def test_hf_model_on_the_dp_backend_exports_the_full_model(tmp_path):
+    # full fine-tuning on dp writes no export unless asked (fsdp2 always links one: see test_fsdp_actor)
+    from transformers import AutoModelForCausalLM
+
+    for contents, exported in ((None, False), (HF_MODEL, True)):
+        overrides = {} if contents is None else {"checkpoint": contents}
+        actor = build_dp_actor(actor_config(**overrides), tiny_qwen2(0), total_training_steps=1)
+        actor.save_checkpoint(tmp_path / str(exported))
+        assert (tmp_path / str(exported) / "huggingface").is_dir() == exported
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "True" / "huggingface").float()
+    expected = tiny_qwen2(0).state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in loaded.state_dict().items())
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_lora_adapter_path_starts_from_the_saved_adapter(backend, tmp_path):
     actor = make_lora_actor(backend, optim={"lr": 5e-2})

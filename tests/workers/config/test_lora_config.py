@@ -33,3 +33,31 @@ def test_lora_with_the_vllm_rollout_is_accepted():
     # vLLM gets the merged weights after each update (verl.utils.lora.merged_lora_weights)
     config = compose_ppo_config([LORA, "actor_rollout_ref.rollout.name=vllm"])
     assert config.actor_rollout_ref.model.lora_rank == 8 and config.actor_rollout_ref.rollout.name == "vllm"
+
+
+SAVE = "actor_rollout_ref.actor.checkpoint.save_contents"
+
+
+def test_checkpoint_contents_take_verls_lists_and_hf_model_switches_the_export_on():
+    assert not compose_ppo_config().actor_rollout_ref.actor.checkpoint.hf_model
+    config = compose_ppo_config([LORA, f"{SAVE}=[model,optimizer,extra,hf_model]"])
+    assert config.actor_rollout_ref.actor.checkpoint.hf_model
+    # load_contents follows save_contents, as in verl's YAML
+    assert "hf_model" in config.actor_rollout_ref.actor.checkpoint.load_contents
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ([f"{SAVE}=[model,hf_model]"], rf"{SAVE} leaves out \['optimizer', 'extra'\]"),
+        ([f"{SAVE}=[model,optimizer,extra,weights]"], rf"{SAVE} holds 'weights'"),
+        (["actor_rollout_ref.actor.checkpoint.load_contents=[model]"], r"actor.checkpoint.load_contents leaves out"),
+        (
+            ["critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]"],
+            r"critic.checkpoint.save_contents holds",
+        ),
+    ],
+)
+def test_checkpoint_contents_that_would_break_an_exact_resume_are_refused(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        compose_ppo_config(overrides)

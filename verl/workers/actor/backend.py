@@ -113,16 +113,42 @@ def _tied_aliases(weights: dict[str, torch.Tensor]) -> set[str]:
 
 
 def save_whole_checkpoint(loop: UpdateLoop, directory: str | os.PathLike) -> None:
-    """The whole weights to ``model.safetensors`` and the training state to ``train_state.pt``."""
+    """The whole weights to ``model.safetensors`` and the training state to ``train_state.pt``; a LoRA run also
+    its adapter directory; with ``checkpoint.save_contents`` holding ``hf_model``, the ``huggingface/`` export."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_weights(directory / WEIGHTS_FILE, loop.model_module().state_dict())
+    weights = loop.model_module().state_dict()
+    save_weights(directory / WEIGHTS_FILE, weights)
     save_state(directory / TRAIN_STATE_FILE, loop.training_state_dict())
-    peft_model = getattr(loop, "peft_model", None)
-    if peft_model is not None:  # a LoRA run: also the adapter directory peft loads (lora_adapter_path)
-        from verl.utils.lora import LORA_ADAPTER_DIR, save_lora_adapter
+    save_exports(loop, directory, weights, always_export=False)
 
-        save_lora_adapter(directory / LORA_ADAPTER_DIR, peft_model)
+
+def save_exports(loop: UpdateLoop, directory: Path, weights: dict[str, torch.Tensor], *, always_export: bool) -> None:
+    """What a checkpoint holds beside the training state (rank 0, ``weights`` the full state dict, already written
+    to ``model.safetensors``):
+
+    - a LoRA run: ``lora_adapter/``, the peft adapter directory ``lora_adapter_path`` and ``PeftModel`` load;
+    - ``huggingface/``, a model directory ``transformers`` loads, when ``checkpoint.save_contents`` holds
+      ``hf_model``, or always for a full fine-tuning run with ``always_export`` (fsdp2: a hard link of
+      ``model.safetensors``, no second copy). A LoRA run's export holds the merged weights ``W + (alpha / r) B A``
+      under the plain model's names (written: a second copy of the weights, hence only when asked for).
+    """
+    from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR, export_huggingface
+
+    module = loop.model_module()
+    checkpoint = getattr(loop.config, "checkpoint", None)
+    asked = checkpoint is not None and checkpoint.hf_model
+    peft_model = getattr(loop, "peft_model", None)
+    if peft_model is None:
+        if asked or always_export:
+            export_huggingface(directory / HF_EXPORT_DIR, module, weights_file=directory / WEIGHTS_FILE)
+        return
+    from verl.utils.lora import LORA_ADAPTER_DIR, lora_scalings, merged_lora_weights, save_lora_adapter
+
+    save_lora_adapter(directory / LORA_ADAPTER_DIR, peft_model, weights)
+    if asked:
+        merged = dict(merged_lora_weights(weights.items(), lora_scalings(module)))
+        export_huggingface(directory / HF_EXPORT_DIR, module, weights=merged)
 
 
 def load_whole_checkpoint(loop: UpdateLoop, directory: str | os.PathLike) -> None:
@@ -211,9 +237,9 @@ class FSDPBackend(TrainingBackend):
 
     def save_checkpoint(self, loop, directory):
         """Collective: every rank writes its shards to ``sharded/``; rank 0 the gathered ``model.safetensors``,
-        ``train_state.pt`` and, with ``hf_export``, the ``huggingface/`` export (a LoRA run: the peft adapter
-        directory ``lora_adapter/`` instead)."""
-        from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR, SHARDED_DIR, export_huggingface, save_sharded
+        ``train_state.pt`` and the exports of :func:`save_exports` (``hf_export``: the ``huggingface/`` directory
+        of a full fine-tuning run with every checkpoint)."""
+        from verl.utils.fsdp_checkpoint import SHARDED_DIR, save_sharded
         from verl.utils.fsdp_utils import full_state_dict
 
         directory = Path(directory)
@@ -225,13 +251,7 @@ class FSDPBackend(TrainingBackend):
             return
         save_weights(directory / WEIGHTS_FILE, weights)
         save_state(directory / TRAIN_STATE_FILE, loop.training_state_dict())
-        peft_model = getattr(loop, "peft_model", None)
-        if peft_model is not None:  # a LoRA run exports its adapter (peft's format) instead of the whole model
-            from verl.utils.lora import LORA_ADAPTER_DIR, save_lora_adapter
-
-            save_lora_adapter(directory / LORA_ADAPTER_DIR, peft_model, weights)
-        elif self.hf_export:
-            export_huggingface(directory / HF_EXPORT_DIR, module, directory / WEIGHTS_FILE)
+        save_exports(loop, directory, weights, always_export=self.hf_export)
 
     def load_checkpoint(self, loop, directory):
         """Collective: restore the shards of weights and optimizer state, then what every rank shares.

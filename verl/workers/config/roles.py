@@ -163,6 +163,44 @@ class FaultInjectionConfig(BaseConfig):
         check_int_list(self, "ranks", 0)
 
 
+#: What a checkpoint of a trained model holds (verl's ``checkpoint.save_contents`` names): the weights, the optimizer
+#: state, the rest of the training state (schedule, scaler, counters, RNG), and optionally a Hugging Face export.
+CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
+_RESUME_CONTENTS = ("model", "optimizer", "extra")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointContentsConfig(BaseConfig):
+    """``<role>.checkpoint``: what each checkpoint writes and what a resume reads.
+
+    ``model``, ``optimizer`` and ``extra`` are always written and read, since a resume here is exact; ``hf_model``
+    adds a ``huggingface/`` directory that ``transformers`` loads (a LoRA run: the merged weights). Lists without
+    one of the three are refused rather than half honoured.
+    """
+
+    save_contents: list[str]
+    load_contents: list[str]
+
+    def check(self) -> None:
+        for field in ("save_contents", "load_contents"):
+            values = list(getattr(self, field))
+            unknown = [item for item in values if item not in CHECKPOINT_CONTENTS]
+            if unknown:
+                raise FieldError(field, f"holds {unknown[0]!r}; each entry is one of {list(CHECKPOINT_CONTENTS)}.")
+            missing = [item for item in _RESUME_CONTENTS if item not in values]
+            if missing:
+                raise FieldError(
+                    field,
+                    f"leaves out {missing}: every checkpoint here writes and reads {list(_RESUME_CONTENTS)} so that "
+                    "a resume is exact (only 'hf_model' is optional). Add them back.",
+                )
+
+    @property
+    def hf_model(self) -> bool:
+        """Whether each checkpoint also writes the ``huggingface/`` export."""
+        return "hf_model" in self.save_contents
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainedModelConfig(BaseConfig):
     """What actor and critic share: precision, batch sizes, passes, optimizer, failure policy, fire drill, seed.
@@ -188,6 +226,7 @@ class TrainedModelConfig(BaseConfig):
     seed: int
     ulysses_sequence_parallel_size: int
     profiler: ProfilerConfig
+    checkpoint: CheckpointContentsConfig
 
     def check(self) -> None:
         check_ulysses(self)
@@ -384,6 +423,12 @@ class CriticConfig(TrainedModelConfig):
         check_int(self, "forward_micro_batch_size_per_gpu", 1)
         check_int(self, "forward_max_token_len_per_gpu", 1)
         check_number(self, "cliprange_value", 0.0, exclusive_min=True)
+        if self.checkpoint.hf_model:
+            raise FieldError(
+                "checkpoint.save_contents",
+                "holds 'hf_model': the critic has no Hugging Face export here (a value model is not a transformers "
+                "causal LM); its checkpoint holds model.safetensors. Remove 'hf_model'.",
+            )
 
     def forward_micro_batching(self) -> MicroBatching:
         """How the value pass (no gradients) splits a batch."""
