@@ -81,6 +81,13 @@ def test_state_round_trip_continues_the_same_budget():
         "num_consecutive_failures": 1,
         "last_step": 3,
         "num_unabsorbed_failures": 1,
+        # both failures had a loss scale: overflows of the scaled gradients
+        "failures_by_cause": {
+            "scaled_grad_overflow": 2,
+            "nonfinite_loss": 0,
+            "nonfinite_inputs": 0,
+            "nonfinite_grads": 0,
+        },
     }
     restored = build(max_total_failures=2)
     restored.load_state_dict(state)

@@ -146,7 +146,15 @@ def test_state_round_trip_continues_the_same_decisions():
     handler = build(window=4, max_failure_rate=0.5)
     run_sequence(handler, "SFFS")
     state = handler.state_dict()
-    assert state == {"num_total_failures": 2, "num_consecutive_failures": 0, "last_step": 4, "window": [0, 1, 1, 0]}
+    # the two failures have no loss scale (fp32/bf16): non-finite gradients by cause
+    by_cause = {"scaled_grad_overflow": 0, "nonfinite_loss": 0, "nonfinite_inputs": 0, "nonfinite_grads": 2}
+    assert state == {
+        "num_total_failures": 2,
+        "num_consecutive_failures": 0,
+        "last_step": 4,
+        "window": [0, 1, 1, 0],
+        "failures_by_cause": by_cause,
+    }
 
     resumed = build(window=4, max_failure_rate=0.5)
     resumed.load_state_dict(state)

@@ -64,15 +64,6 @@ class EchoWorker(Worker):
         dist.all_reduce(tensor)
         return float(tensor.item())
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def all_reduce_on(self, ranks: list[int]) -> float | None:
-        """Only ``ranks`` enter an all-reduce (the others return None): they wait for ranks that never come."""
-        if self.rank not in ranks:
-            return None
-        tensor = torch.tensor([1.0])
-        dist.all_reduce(tensor)
-        return float(tensor.item())
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def all_reduce_after_sleep(self, sleeper: int, seconds: float) -> float:
         """Every rank all-reduces; rank ``sleeper`` first sleeps, so the others sit in the collective meanwhile."""

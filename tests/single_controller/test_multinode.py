@@ -15,9 +15,11 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
+import verl.single_controller.results as results
 from tests.single_controller.fault_injection import Killer, KillPlan
 from tests.single_controller.remote_helpers import EchoWorker
 from verl.single_controller import (
+    CollectiveTimeoutError,
     PlacementError,
     RayClassWithInitArgs,
     RayResourcePool,
@@ -112,14 +114,21 @@ def test_busy_cluster_fails_after_the_bounded_wait(cluster):
     assert wait_for_free_cpus(4.0) == 4.0
 
 
-def test_collective_timeout_then_a_killed_rank_reported_by_rank_and_node(cluster):
+def test_a_hung_rank_then_a_killed_rank_reported_by_rank_and_node(cluster, monkeypatch):
     # one group for both faults (a group costs seconds to start here); the timeout leaves both ranks alive
     group = echo_group("echo_faults", nnodes=2, per_node=1, collective_timeout_s=2)
     try:
         group.init_torch_distributed(backend="gloo")
-        # rank 1 is alive but never enters the all-reduce: rank 0 gives up after the group's 2 s timeout
-        with pytest.raises(RuntimeError, match="(?i)timed out"):
-            group.all_reduce_on([0])
+        # rank 1 hangs (a 30 s sleep) before its all-reduce: rank 0 gives up after the group's 2 s timeout, and
+        # rank 1, still running after the grace period (shortened from 10 s: it sleeps far longer), is the one named
+        monkeypatch.setattr(results, "ERROR_GRACE_S", 1.0)
+        with pytest.raises(CollectiveTimeoutError) as hang:
+            group.all_reduce_after_sleep(1, 30.0).get()
+        assert (hang.value.role, hang.value.rank) == ("echo_faults", 1)
+        rank_1 = group.placement[1]
+        assert (hang.value.node_id, hang.value.node_ip) == (rank_1["node_id"], rank_1["node_ip"])
+        assert hang.value.reason.startswith("rank(s) 0 waited for it in a collective of all_reduce_after_sleep")
+        assert "collective timeout of 2 s" in hang.value.reason and "it was still running then" in hang.value.reason
         # the next all-reduce call first SIGKILLs rank 1; then rank 0 enters the collective, rank 1's call meets a
         # dead actor
         killer = Killer(KillPlan("echo_faults", 1, "all_reduce_rank_plus_one", 1))

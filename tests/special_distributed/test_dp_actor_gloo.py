@@ -1,4 +1,5 @@
-"""Two gloo ranks, only rank 1's gradients poisoned: both ranks skip the same steps and stop at the same step."""
+"""Two gloo ranks, only rank 1's gradients poisoned: both ranks skip the same steps and stop at the same step; bad
+inputs or a NaN loss on one rank stop both ranks at the same step with the same cause."""
 
 import socket
 
@@ -22,8 +23,8 @@ def test_ranks_agree_on_skips_and_on_the_stop():
         proc.start()
     results = {}
     for _ in procs:
-        rank, seen, raised_at, error, weights = queue.get(timeout=240)  # a hang fails here instead of blocking
-        results[rank] = (seen, raised_at, error, weights)
+        rank, seen, raised_at, error, weights, causes = queue.get(timeout=240)  # a hang fails here, not blocks
+        results[rank] = (seen, raised_at, error, weights, causes)
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0
@@ -33,9 +34,18 @@ def test_ranks_agree_on_skips_and_on_the_stop():
     # step 1 succeed and steps 2 and 3 fail (fp32: nothing absorbed, limit 2). Step 4 is the 3rd consecutive
     # failure, more than max_consecutive_failures=2: both ranks raise at step 4.
     for rank in range(2):
-        seen, raised_at, _, _ = results[rank]
+        seen, raised_at, _, _, _ = results[rank]
         assert seen == [(1, 0.0), (2, 1.0), (3, 1.0)], (rank, seen)
         assert raised_at == 4, (rank, raised_at)
     # Averaged gradients: the two ranks hold identical weights after training on different data.
     for w0, w1 in zip(results[0][3], results[1][3]):
         assert w0 == w1
+    # Then a fresh fp16 actor: rank 1's row 3 has NaN advantages on 2 tokens. The counts are summed over the ranks,
+    # so both ranks report step 1 failed on {advantages: 2}; then rank 0's loss is NaN: both report step 2 failed by
+    # nonfinite_loss, and neither backs its loss scale off (1024 stays).
+    for rank in range(2):
+        assert results[rank][4] == [
+            (1, "nonfinite_inputs", {"advantages": 2}),
+            (2, "nonfinite_loss", None),
+            1024.0,
+        ], (rank, results[rank][4])

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,27 @@ def run_main(tmp_path: Path, *overrides: str, name: str = "run") -> tuple[subpro
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     return proc, out_dir
+
+
+def run_main_until_signal(
+    tmp_path: Path, *overrides: str, name: str, after_step: int, sig: int = signal.SIGTERM
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """:func:`run_main`, with ``sig`` sent to the driver once ``metrics.jsonl`` has the row of ``after_step``."""
+    out_dir = tmp_path / name
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *SMALL, f"trainer.default_local_dir={out_dir}", *overrides]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and after_step not in [r["step"] for r in _rows_so_far(out_dir)]:
+        time.sleep(0.1)  # polling for the row; the test asserts nothing about time
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=600)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), out_dir
+
+
+def _rows_so_far(out_dir: Path) -> list[dict]:
+    path = out_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]  # a row being written is not complete yet
 
 
 def metrics_of(out_dir: Path) -> list[dict]:
@@ -107,18 +130,28 @@ def comparable(record: dict) -> dict:
 def test_resume_is_exact_and_leaves_no_debris_or_duplicate_rows(tmp_path):
     straight, straight_dir = run_main(tmp_path, "trainer.total_training_steps=6", *UPDATING, name="a")
     assert straight.returncode == 0, straight.stderr[-4000:]
-    first, resumed_dir = run_main(tmp_path, "trainer.total_training_steps=3", *UPDATING, name="b")
-    assert first.returncode == 0, first.stderr[-4000:]
+    # Preempted: SIGTERM once step 1 is logged. The run finishes the step in progress (step 2 here; on a faster
+    # machine the signal may land before step 2 starts, or during step 3), saves it and exits 5 (EXIT_PREEMPTED).
+    first, resumed_dir = run_main_until_signal(
+        tmp_path, "trainer.total_training_steps=6", *UPDATING, name="b", after_step=1
+    )
+    assert first.returncode == 5, first.stderr[-4000:]
+    (checkpoint,) = sorted(resumed_dir.glob("global_step_*"))  # one save: the signal's (and save_freq's, if 3)
+    stopped_at = int(checkpoint.name.split("_")[-1])
+    assert 1 <= stopped_at < 6
+    assert "received SIGTERM: finishing step" in first.stderr and "send again to stop at once" in first.stderr
+    assert f"Stopped on SIGTERM after step {stopped_at}" in first.stderr and "Traceback" not in first.stderr
     # What a kill leaves: rows of steps logged after the last checkpoint, and an interrupted save's directory.
     with open(resumed_dir / "metrics.jsonl", "a") as handle:
-        handle.write(json.dumps({"step": 4, "critic/score/mean": -1.0}) + "\n")
-    debris = resumed_dir / ".global_step_4.tmp-killed"
+        handle.write(json.dumps({"step": stopped_at + 1, "critic/score/mean": -1.0}) + "\n")
+    debris = resumed_dir / f".global_step_{stopped_at + 1}.tmp-killed"
     (debris / "actor").mkdir(parents=True)
+    # the same command resumes
     second, _ = run_main(tmp_path, "trainer.total_training_steps=6", *UPDATING, name="b")
     assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed from" in second.stderr and not debris.exists()
+    assert f"resumed from {checkpoint} at step {stopped_at}" in second.stderr and not debris.exists()
     resumed, expected = train_records(resumed_dir), train_records(straight_dir)
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # step 4 once: the killed attempt's row is gone
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6]  # each step once: the killed attempt's row is gone
     assert any(r["actor/update_failed"] == 0.0 for r in expected)  # updates happened: the state mattered
     # Every random stream (sampler, data order, mini-batch shuffle, torch's RNG) resumes where it stopped: the
     # resumed run's scores, losses and counters equal the uninterrupted run's, and so do its final weights.
@@ -201,6 +234,26 @@ def test_fire_drill_under_fp16_policy_stops_at_its_limit(tmp_path):
     assert "actor update failed at step 4" in proc.stderr
     assert "max_consecutive_failures=2" in proc.stderr
     assert [r["actor/update_failed"] for r in train_records(out_dir)] == [0.0, 1.0, 1.0]
+
+
+def test_a_nan_reward_in_fp16_stops_at_the_first_update_naming_the_inputs(tmp_path):
+    # a scorer that returns NaN for every sample: GRPO's advantages come out NaN, and the actor's check of its
+    # inputs stops the run at update 1 (no loss-scale back-off from 2**32 to 1 first), naming where the NaN came from
+    reward_file = tmp_path / "nan_reward.py"
+    reward_file.write_text(
+        "def nan_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan')\n"
+    )
+    proc, out_dir = run_main(
+        tmp_path,
+        "trainer.total_training_steps=4",
+        "trainer.test_freq=-1",
+        f"custom_reward_function.path={reward_file}",
+        "custom_reward_function.name=nan_score",
+    )
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "actor update failed at step 1: non-finite inputs to the loss (token_level_rewards on" in proc.stderr
+    assert "advantages on" in proc.stderr and "loss_scale=4.29497e+09" in proc.stderr
+    assert "fp16_warn_and_count stops at once" in proc.stderr
 
 
 def test_bad_config_fails_before_ray_starts(tmp_path):

@@ -107,6 +107,18 @@ def truncate(path):
     path.write_bytes(data[: len(data) // 2])
 
 
+def truncated_fsdp2_shard(step_dir):
+    """The actor's sharded (DCP) files, as the fsdp2 backend writes them, with the shard file cut in half."""
+    import warnings
+
+    from verl.utils.fsdp_checkpoint import save_sharded
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP without a process group says so
+        save_sharded(step_dir / "actor" / "sharded", torch.nn.Linear(4, 3), None, None)
+    truncate(step_dir / "actor" / "sharded" / "__0_0.distcp")
+
+
 @pytest.mark.parametrize(
     "damage, file",
     [
@@ -114,8 +126,9 @@ def truncate(path):
         (lambda d: truncate(d / "actor" / "train_state.pt"), "actor/train_state.pt"),
         (lambda d: torch.save({"x": Foreign()}, d / "actor" / "train_state.pt"), "actor/train_state.pt"),
         (lambda d: (d / "trainer_state.pt").write_bytes(pickle.dumps(Foreign())), "trainer_state.pt"),
+        (truncated_fsdp2_shard, "actor/sharded/__0_0.distcp"),
     ],
-    ids=["truncated-weights", "truncated-train-state", "foreign-train-state", "foreign-trainer-state"],
+    ids=["truncated-weights", "truncated-train-state", "foreign-train-state", "foreign-trainer-state", "fsdp2-shard"],
 )
 def test_damaged_checkpoint_exits_3_naming_the_file_and_what_to_do(caplog, tmp_path, damage, file):
     damage(write_checkpoint(tmp_path / "out", 3))

@@ -202,6 +202,36 @@ def test_missing_files_are_named(tmp_path):
         load_state(step_dir / "critic" / "train_state.pt")
 
 
+def _write_tensor_parallel_shards(role_dir, tp_ranks):
+    """What megatron's tensor-parallel save writes per rank: mp_rank_XX/ with that rank's weights and state."""
+    for rank in tp_ranks:
+        shard = role_dir / f"mp_rank_{rank:02d}"
+        shard.mkdir()
+        save_weights(shard / "model.safetensors", {"w": torch.randn(32, 8)})
+        save_state(shard / "train_state.pt", {"steps": 3})
+
+
+def test_a_missing_tensor_parallel_shard_makes_the_checkpoint_incomplete(tmp_path):
+    step_dir = _write_checkpoint(tmp_path / "global_step_3")
+    _write_tensor_parallel_shards(step_dir / "actor", [0, 2])  # rank 1's shard never came: a gap, not tp=2
+    assert missing_checkpoint_files(step_dir) == [
+        "actor/mp_rank_01/model.safetensors",
+        "actor/mp_rank_01/train_state.pt",
+    ]
+    _write_tensor_parallel_shards(step_dir / "actor", [1])
+    assert is_complete_checkpoint(step_dir)
+
+
+def test_a_truncated_tensor_parallel_shard_is_named(tmp_path):
+    step_dir = _write_checkpoint(tmp_path / "global_step_3")
+    _write_tensor_parallel_shards(step_dir / "actor", [0, 1])
+    verify_checkpoint(step_dir)
+    _truncate(step_dir / "actor" / "mp_rank_01" / "model.safetensors")
+    with pytest.raises(CheckpointError) as info:
+        verify_checkpoint(step_dir)
+    _assert_names_file_and_advice(info.value, step_dir / "actor" / "mp_rank_01" / "model.safetensors")
+
+
 def test_latest_complete_checkpoint_is_found_and_incomplete_ones_are_skipped(tmp_path, caplog):
     _write_checkpoint(tmp_path / "global_step_2")
     _write_checkpoint(tmp_path / "global_step_4")

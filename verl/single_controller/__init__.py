@@ -2,8 +2,9 @@
 
 Public API: ``Worker`` (base class of every worker), ``register`` with ``Dispatch`` / ``Execute`` (how a worker
 method is called from the driver), and ``RayResourcePool`` / ``RayClassWithInitArgs`` / ``RayWorkerGroup``
-(starting and driving the workers, on one node or several), with ``WorkerDiedError`` (a rank's process is gone)
-and ``PlacementError`` (the cluster cannot hold the ranks). Ray is initialised by the caller (the trainer), not
+(starting and driving the workers, on one node or several), with ``WorkerDiedError`` (a rank's process is gone),
+its subclass ``CollectiveTimeoutError`` (the other ranks waited for a rank in a collective until their timeout ran
+out) and ``PlacementError`` (the cluster cannot hold the ranks). Ray is initialised by the caller (the trainer), not
 here. The modules: ``worker`` and ``decorator`` (the worker side), ``placement`` (pools and where ranks go),
 ``ray_worker_group`` (starting and calling a group), ``results`` (collecting a call, telling errors from deaths),
 ``timing`` (where a call's time went), ``transport`` (moving batches).
@@ -25,6 +26,7 @@ _RAY_NAMES = {
     "RayWorkerGroup": "ray_worker_group",
     "PendingResult": "results",
     "WorkerDiedError": "results",
+    "CollectiveTimeoutError": "results",
 }
 
 
@@ -36,6 +38,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "CollectiveTimeoutError",
     "Dispatch",
     "Execute",
     "PendingResult",

@@ -7,7 +7,8 @@ coordinates (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` p
 rank 0 reports from its own node), and binds every ``@register``'ed method of the class as a method of the group
 that dispatches (``verl.single_controller.decorator``), runs and collects (``verl.single_controller.results``: a
 worker's exception re-raised as its own type, a dead rank as :class:`WorkerDiedError` naming the group, the rank
-and the node), timing each call (``verl.single_controller.timing``). After a death the caller tears the group down
+and the node, a rank the others timed out waiting for in a collective as :class:`CollectiveTimeoutError`, the
+same way), timing each call (``verl.single_controller.timing``). After a death the caller tears the group down
 (:meth:`RayWorkerGroup.shutdown`) and may build a new one. Ray itself is initialised by the caller.
 """
 
@@ -26,7 +27,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.single_controller.decorator import RegisterSpec, check_data_parallel_layout, get_register_spec, plan_call
 from verl.single_controller.placement import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementError, RayResourcePool
-from verl.single_controller.results import PendingResult, WorkerDiedError, death_reason, get_all
+from verl.single_controller.results import (
+    CollectiveTimeoutError,
+    PendingResult,
+    WorkerDiedError,
+    death_reason,
+    get_all,
+)
 from verl.single_controller.timing import CallTiming, CallTimings
 from verl.single_controller.transport import pack
 from verl.single_controller.worker import COLLECTIVE_TIMEOUT_ENV, Worker
@@ -35,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_PLACEMENT_TIMEOUT_S",
+    "CollectiveTimeoutError",
     "CallTiming",
     "PendingResult",
     "PlacementError",
@@ -189,8 +197,42 @@ class RayWorkerGroup:
             self.name_prefix, rank, info.get("node_id", "?"), info.get("node_ip", "?"), death_reason(err)
         )
 
-    def _get(self, refs: list, ranks: list[int]) -> list:
-        return get_all(refs, ranks, self._death)
+    def _hang(
+        self, method_name: str, awaited: list[int], timed_out: dict[int, BaseException], still_running: list[int]
+    ) -> CollectiveTimeoutError:
+        """The error of a collective that timed out in ``method_name``: the lowest rank the others waited for (any
+        other such rank named in the reason, with its node), or, when every rank timed out, the lowest of those."""
+        waiting = sorted(timed_out)
+        first_error = str(timed_out[waiting[0]]).strip().splitlines()[0]
+        timeout = "" if self._collective_timeout_s is None else f" of {self._collective_timeout_s:g} s"
+        named = (awaited or waiting)[0]
+        if awaited:
+            state = (
+                "it was still running then: it hangs, or is far slower than the others"
+                if named in still_running
+                else "it had returned without joining that collective"
+            )
+            reason = (
+                f"rank(s) {_ranks_text(waiting)} waited for it in a collective of {method_name} until their "
+                f"collective timeout{timeout} ran out ({first_error}); {state}"
+            )
+            if len(awaited) > 1:
+                reason += "; also waited for: " + ", ".join(self._where(rank) for rank in awaited[1:])
+        else:
+            reason = (
+                f"every rank timed out in a collective of {method_name}{timeout} ({first_error}); none was seen to hang"
+            )
+        info = self._placement[named] if named < len(self._placement) else {}
+        return CollectiveTimeoutError(
+            self.name_prefix, named, info.get("node_id", "?"), info.get("node_ip", "?"), reason
+        )
+
+    def _where(self, rank: int) -> str:
+        info = self._placement[rank] if rank < len(self._placement) else {}
+        return f"rank {rank} on node {info.get('node_id', '?')} ({info.get('node_ip', '?')})"
+
+    def _get(self, refs: list, ranks: list[int], method_name: str = "a call") -> list:
+        return get_all(refs, ranks, self._death, functools.partial(self._hang, method_name))
 
     def _make_group_method(self, method_name: str, spec: RegisterSpec) -> Callable[..., Any]:
         @functools.wraps(getattr(self._cls, method_name))
@@ -210,7 +252,8 @@ class RayWorkerGroup:
             packed_kwargs = {key: pack(value) for key, value in rank_kwargs.items()}
             refs.append(self._workers[rank].run_timed.remote(method_name, *packed_args, **packed_kwargs))
         on_timing = self._timings.recorder(method_name)
-        return PendingResult(refs, plan.ranks, plan.collect, self._death, on_timing, start=start)
+        on_hang = functools.partial(self._hang, method_name)
+        return PendingResult(refs, plan.ranks, plan.collect, self._death, on_timing, start=start, on_hang=on_hang)
 
     @property
     def call_timings(self) -> dict[str, list[CallTiming]]:
@@ -256,7 +299,7 @@ class RayWorkerGroup:
         if not callable(getattr(self._cls, method_name, None)):
             raise ValueError(f"{self._cls.__name__} has no method {method_name!r}; check the name.")
         refs = [getattr(worker, method_name).remote(*args, **kwargs) for worker in self._workers]
-        return self._get(refs, list(range(len(refs))))
+        return self._get(refs, list(range(len(refs))), method_name)
 
     def shutdown(self) -> None:
         """Kill every actor of the group (stuck in a collective or not) and release its share of the pool; safe
@@ -270,3 +313,7 @@ class RayWorkerGroup:
         if self._holds_pool:
             self._holds_pool = False
             self._pool.release()
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(str(rank) for rank in ranks)

@@ -5,13 +5,17 @@ with the same message (callers ``except`` the project's own errors), the lowest 
 ranks' failures folded in or logged. A rank whose process is gone (killed, crashed, its node lost) outranks every
 other failure, since the others' errors (a collective that lost its peer) follow from it: it is reported as
 :class:`WorkerDiedError` naming the group, the rank and the node. Once one rank failed the others get a bounded
-grace period, so a rank stuck in a collective with a dead peer never hangs the driver. :class:`PendingResult` is
-a call in flight: it collects with :func:`get_all` and records the call's timing.
+grace period, so a rank stuck in a collective with a dead peer never hangs the driver. A rank that hangs while
+the others wait for it in a collective is found the same way: when a rank's error is a collective timeout
+(:func:`is_collective_timeout`), the ranks that did not time out (still running after the grace period, or
+finished without waiting) are the ones the others waited for, reported as :class:`CollectiveTimeoutError`.
+:class:`PendingResult` is a call in flight: it collects with :func:`get_all` and records the call's timing.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +33,13 @@ ERROR_GRACE_S = 10.0
 # After one rank died, how long to wait for the others to be reported: a lost node takes all of its ranks at once,
 # and the lowest dead rank is reported. The living ones need not finish: the group is torn down anyway.
 DEATH_GRACE_S = 2.0
+# What torch.distributed says when a collective waited past its timeout: gloo's error in the waiting rank, and the
+# NCCL watchdog's (which then ends the rank's process, so it usually arrives as a death instead).
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for|Watchdog caught collective operation timeout")
+# What a rank gets when it reaches a collective its peers already gave up on: a consequence of a timeout, not a cause.
+_PEER_GAVE_UP = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Application timeout caused pair closure"
+)
 
 
 class WorkerDiedError(RuntimeError):
@@ -42,12 +53,31 @@ class WorkerDiedError(RuntimeError):
         reason: Ray's account of the death.
     """
 
+    #: what happened to the rank, in the messages: "worker <role> rank <R> on node <id> (<ip>) <event>: <reason>"
+    event = "died"
+
     def __init__(self, role: str, rank: int, node_id: str, node_ip: str, reason: str) -> None:
         self.role, self.rank, self.node_id, self.node_ip, self.reason = role, rank, node_id, node_ip, reason
-        super().__init__(f"worker {role} rank {rank} on node {node_id} ({node_ip}) died: {reason}")
+        super().__init__(f"worker {role} rank {rank} on node {node_id} ({node_ip}) {self.event}: {reason}")
 
     def __reduce__(self):
         return type(self), (self.role, self.rank, self.node_id, self.node_ip, self.reason)
+
+
+class CollectiveTimeoutError(WorkerDiedError):
+    """The other ranks waited for this rank in a collective until their timeout ran out (``trainer.
+    collective_timeout_s``): it hangs, or is far slower than them. The group's process group is broken after a
+    timeout, so, like a death, the group must be rebuilt (``trainer.max_restarts`` covers both).
+
+    Attributes: those of :class:`WorkerDiedError`; ``rank`` is the lowest rank the others waited for.
+    """
+
+    event = "hung in a collective"
+
+
+def is_collective_timeout(err: BaseException) -> bool:
+    """Whether a worker's error is a ``torch.distributed`` collective that waited past its timeout."""
+    return isinstance(err, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(err)))
 
 
 def death_reason(err: RayActorError) -> str:
@@ -74,18 +104,26 @@ def _unwrap_task_error(err: RayTaskError, rank: int) -> BaseException:
 
 
 def get_all(
-    refs: list, ranks: list[int], on_death: Callable[[int, RayActorError], BaseException] | None = None
+    refs: list,
+    ranks: list[int],
+    on_death: Callable[[int, RayActorError], BaseException] | None = None,
+    on_hang: Callable[[list[int], dict[int, BaseException], list[int]], BaseException] | None = None,
 ) -> list:
     """``ray.get`` every ref; on failure, re-raise the most telling error.
 
     A dead rank (its process gone) outranks every other failure, since the others' errors (a collective that lost
     its peer) follow from it: the lowest dead rank is raised, as ``on_death(rank, err)`` builds it (Ray's own
-    error without it). Otherwise the lowest failed rank's exception is re-raised as its own type; ranks that raise
-    the same type and message are folded into it, other failures are logged. Once a rank failed, the others get
-    ``ERROR_GRACE_S`` seconds to finish (``DEATH_GRACE_S`` once one died).
+    error without it). Next, collective timeouts: when some ranks' errors are collective timeouts, ``on_hang`` is
+    given and no other rank failed on its own (a late rank's "connection closed by peer" follows from the timeout),
+    ``on_hang(awaited, timed_out, still_running)`` is raised, where ``awaited`` are the ranks that did not time out
+    (those the others waited for), ``timed_out`` the timeout errors by rank, and ``still_running`` the ranks
+    unfinished after the grace period; a rank that failed on its own is the cause, and its error is raised as
+    below. Otherwise the lowest failed rank's exception is re-raised as its own
+    type; ranks that raise the same type and message are folded into it, other failures are logged. Once a rank
+    failed, the others get ``ERROR_GRACE_S`` seconds to finish (``DEATH_GRACE_S`` once one died).
 
     Raises:
-        BaseException: the dead rank's error, or the worker's exception (same type and message) with
+        BaseException: the dead rank's error, the hang's, or the worker's exception (same type and message) with
             ``remote_traceback`` and ``rank``.
     """
     index_of = {ref: i for i, ref in enumerate(refs)}
@@ -124,6 +162,17 @@ def get_all(
         raise on_death(dead_rank, deaths[dead_rank]) from None
     if not errors:
         return outputs
+    timed_out = {rank: err for rank, err in errors.items() if is_collective_timeout(err)}
+    if timed_out and on_hang is not None:
+        # a rank that failed on its own (not because its peers gave up) is why the others waited: report its error
+        causes = {r: e for r, e in errors.items() if r not in timed_out and not _PEER_GAVE_UP.search(str(e))}
+        if not causes:
+            still_running = sorted(ranks[index_of[ref]] for ref in pending)
+            awaited = sorted(rank for rank in ranks if rank not in timed_out)
+            raise on_hang(awaited, timed_out, still_running) from None
+        for rank in sorted(timed_out):
+            logger.info("rank %d timed out in a collective, waiting for a rank that failed", rank)
+        errors = causes
     first_rank = min(errors)
     first = errors[first_rank]
     for rank, err in sorted(errors.items()):
@@ -146,13 +195,14 @@ class PendingResult:
         on_death: Callable | None = None,
         on_timing: Callable[[CallTiming], None] | None = None,
         start: float | None = None,
+        on_hang: Callable | None = None,
     ) -> None:
         self._refs, self._ranks, self._collect, self._on_death = refs, ranks, collect, on_death
-        self._on_timing = on_timing
+        self._on_timing, self._on_hang = on_timing, on_hang
         self._start = time.perf_counter() if start is None else start  # perf_counter() when the call began
 
     def get(self) -> Any:
-        timed = get_all(self._refs, self._ranks, self._on_death)
+        timed = get_all(self._refs, self._ranks, self._on_death, self._on_hang)
         result = self._collect([unpack(output) for output, _ in timed])
         if self._on_timing is not None:
             self._on_timing(CallTiming(time.perf_counter() - self._start, max(seconds for _, seconds in timed)))

@@ -17,11 +17,22 @@ attempts, each one :func:`_attempt` (build the worker groups, build the trainer,
 :func:`_restart_after_death` is the restart rule (count the restart, choose the checkpoint, or give up), and
 :func:`_teardown` runs whatever the outcome (update summary, tracker, plot).
 
+A rank that hangs in a collective is reported like a dead one (``CollectiveTimeoutError``, a ``WorkerDiedError``:
+the rank that never joined, and its node) once the others' ``trainer.collective_timeout_s`` ran out, and
+``trainer.max_restarts`` covers it the same way.
+
+SIGTERM or SIGINT (Ctrl-C) to this process (:mod:`verl.trainer.preemption`): the current step finishes, a
+checkpoint is saved, the workers are stopped, and the run exits with code 5; the same command resumes exactly. A
+second signal stops at once, without saving (code 6).
+
 Exit codes: 0 done; 1 training stopped by the update-failure policy (the message says why and names the last good
 checkpoint); 2 bad config (composition, a value, a key, a path, or more nodes/GPUs than the Ray cluster has); 3 a
-checkpoint to resume from is damaged or not ours (the message names the file and what to do); 4 a worker died and
-no restart was left (the message names the role, rank and node, and the last good checkpoint, which is intact:
-run again to resume from it).
+checkpoint to resume from is damaged or not ours (the message names the file and what to do); 4 a worker died (or
+hung in a collective) and no restart was left (the message names the role, rank and node, and the last good
+checkpoint, which is intact: run again to resume from it); 5 stopped by SIGTERM/SIGINT after saving (run the same
+command to resume); 6 stopped at once by a second signal, without saving; 7 a checkpoint could not be written
+(disk full, read-only directory: the message names the file and the OS error; the previous complete checkpoint is
+intact and is the one a restart takes).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from verl.trainer.preemption import Preempted, StopSignals
 from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names since before the split)
     build_worker_groups,
     cpus_per_worker,
@@ -43,7 +55,7 @@ from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names sin
     start_ray,
     worker_classes,
 )
-from verl.utils.checkpoint import CheckpointError
+from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
 from verl.workers.config import ComposedConfig, PPOConfig, compose_with_defaults
 from verl.workers.update_outcome import UpdateFailedError
 
@@ -52,6 +64,9 @@ CONFIG_DIR = Path(__file__).parent / "config"
 
 EXIT_OK, EXIT_POLICY_STOP, EXIT_BAD_CONFIG, EXIT_BAD_CHECKPOINT = 0, 1, 2, 3
 EXIT_WORKER_DIED = 4
+EXIT_PREEMPTED = 5  # SIGTERM / SIGINT: the step finished and was saved; the same command resumes
+EXIT_STOPPED_AT_ONCE = 6  # a second signal: stopped without saving
+EXIT_CHECKPOINT_WRITE_FAILED = 7  # disk full, read-only directory, ...: the previous checkpoint is intact
 
 
 def setup_logging() -> None:
@@ -151,15 +166,23 @@ def checkpoint_after_death(config: PPOConfig, last_good: Path | None) -> Path | 
 
 
 def describe_death(err, last_good: Path | None, restarts: int, max_restarts: int) -> str:
-    """The stop message for a worker death: role, rank, node, Ray's reason, the last good checkpoint, what next."""
+    """The stop message for a worker death (or a rank hung in a collective): role, rank, node, the reason, the last
+    good checkpoint, what next."""
     where = (
         f"{last_good} (intact; run again with trainer.resume_mode=auto to resume from it)"
         if last_good is not None
         else "none (set trainer.save_freq to keep checkpoints)"
     )
+    event = getattr(err, "event", "died")
+    slow = (
+        " A rank that is only slow needs a longer trainer.collective_timeout_s (actor_rollout_ref.nccl_timeout for "
+        "the actor group)."
+        if event != "died"
+        else ""
+    )
     return (
-        f"A worker died: role {err.role}, rank {err.rank}, node {err.node_id} ({err.node_ip}). "
-        f"{err.reason.rstrip('.')}. "
+        f"A worker {event}: role {err.role}, rank {err.rank}, node {err.node_id} ({err.node_ip}). "
+        f"{err.reason.rstrip('.')}.{slow} "
         f"Last good checkpoint: {where}. Restarts used: {restarts} of trainer.max_restarts={max_restarts}"
         + ("; set trainer.max_restarts=N to rebuild the workers and resume automatically." if not max_restarts else ".")
     )
@@ -211,12 +234,14 @@ class _Attempts:
         last_good: the newest checkpoint known intact: a restart, or the next run, resumes from it.
         restarts: how many times the worker groups were rebuilt after a worker died.
         trainer: the latest attempt's trainer (None until it is built): its last checkpoint and update summary.
+        stop_signals: the SIGTERM / SIGINT handlers, installed while Ray runs (None: not installed).
     """
 
     resume_from: Path | None
     last_good: Path | None
     restarts: int = 0
     trainer: Any = None
+    stop_signals: StopSignals | None = None
 
 
 def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
@@ -243,10 +268,11 @@ def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
         typed.trainer.experiment_name,
         config=typed.to_dict(),
     )
-    attempts = _Attempts(resume_from=resume_from, last_good=resume_from)
+    attempts = _Attempts(resume_from=resume_from, last_good=resume_from, stop_signals=StopSignals())
     try:
         return _train(typed, data, num_steps, tracker, attempts)
     finally:
+        attempts.stop_signals.restore()
         _teardown(typed, tracker, attempts.trainer)
 
 
@@ -254,11 +280,14 @@ def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts)
     """Start Ray, then attempt until one finishes or the restart rule gives up; returns the exit code."""
     from verl.single_controller import PlacementError, WorkerDiedError
 
+    signals = attempts.stop_signals
     try:
         start_ray(typed)
     except ValueError as err:
         logger.error("Bad config: %s", err)
         return EXIT_BAD_CONFIG
+    if signals is not None:
+        signals.install()  # after ray.init, which installs its own SIGTERM handler in the driver
     fresh_loader_state = data.train_loader.state_dict()  # a restart with no checkpoint starts the data over
     while True:
         try:
@@ -272,21 +301,43 @@ def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts)
             return _placement_failed(err, attempts)
         except UpdateFailedError as err:
             return _policy_stopped(err, attempts.trainer)
+        except Preempted as stop:
+            return _preempted(stop, typed)
+        except KeyboardInterrupt:
+            if signals is None or signals.stopped_at_once is None:
+                raise
+            return _stopped_at_once(signals.stopped_at_once, typed, attempts)
+        except CheckpointWriteError as err:
+            return _save_failed(err, typed, attempts)
+        except CheckpointError as err:  # a worker found the checkpoint damaged while loading it
+            logger.error("Cannot resume: %s", err)
+            return EXIT_BAD_CHECKPOINT
 
 
 def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> None:
     """One attempt: build the worker groups and a trainer on them, and fit from ``attempts.resume_from``.
 
     Raises:
-        WorkerDiedError: a worker died; the groups are shut down and ``attempts.last_good`` is up to date.
+        WorkerDiedError: a worker died (or hung in a collective); the groups are shut down and ``attempts.last_good``
+            is up to date.
         PlacementError: the groups do not fit the cluster.
         UpdateFailedError: the update-failure policy stopped training.
+        Preempted: a stop signal arrived and was answered; the groups are shut down.
+        KeyboardInterrupt: a second stop signal (or a Ctrl-C before the handlers were installed).
+        CheckpointWriteError: a checkpoint could not be written; the groups are shut down.
+        CheckpointError: a worker found the checkpoint to resume from damaged; the groups are shut down.
     """
     from verl.single_controller import WorkerDiedError
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
     attempts.trainer, groups = None, ()
+    signals = attempts.stop_signals
     try:
+        if signals is not None and signals.requested is not None:  # the signal came while Ray started
+            from verl.utils.checkpoint import step_of_checkpoint
+
+            last = attempts.last_good
+            raise Preempted(signals.requested, step_of_checkpoint(last) if last is not None else 0, last)
         groups = build_worker_groups(typed, num_steps)
         attempts.trainer = RayPPOTrainer(
             typed,
@@ -299,12 +350,16 @@ def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempt
             resume_from=attempts.resume_from,
             restarts=attempts.restarts,
             tokenizer=data.tokenizer,
+            stop_signals=signals,
         )
         attempts.trainer.fit()
     except WorkerDiedError:
         trainer = attempts.trainer
         attempts.last_good = (trainer.last_checkpoint if trainer is not None else None) or attempts.last_good
         shutdown_groups(*groups)  # the living ranks may sit in a collective with the dead one
+        raise
+    except (Preempted, KeyboardInterrupt, CheckpointWriteError, CheckpointError):
+        shutdown_groups(*groups)  # stopped cleanly: no rank is left waiting in a collective or writing a file
         raise
     logger.info("training finished after %d steps: %s", attempts.trainer.global_step, attempts.trainer.final_summary())
 
@@ -315,7 +370,8 @@ def _restart_after_death(err, typed: PPOConfig, train_loader, fresh_loader_state
     from verl.utils.checkpoint import remove_save_debris
 
     max_restarts = typed.trainer.max_restarts
-    if attempts.restarts >= max_restarts:
+    stopping = attempts.stop_signals is not None and attempts.stop_signals.requested is not None
+    if attempts.restarts >= max_restarts or stopping:  # asked to stop: no rebuilding
         logger.error("%s", describe_death(err, attempts.last_good, attempts.restarts, max_restarts))
         return EXIT_WORKER_DIED
     attempts.restarts += 1
@@ -359,6 +415,60 @@ def _policy_stopped(err: UpdateFailedError, trainer) -> int:
         where if where is not None else "none (set trainer.save_freq to keep checkpoints)",
     )
     return EXIT_POLICY_STOP
+
+
+def _preempted(stop: Preempted, typed: PPOConfig) -> int:
+    """The exit code after a stop signal was answered, with where the next run resumes."""
+    if stop.checkpoint is not None:
+        where = f"checkpoint {stop.checkpoint}; {_how_to_resume(typed)}"
+    else:
+        where = "no checkpoint (no step had finished); the same command starts from the beginning"
+    logger.warning("Stopped on %s after step %d, the workers shut down: %s.", stop.signal_name, stop.step, where)
+    return EXIT_PREEMPTED
+
+
+def _stopped_at_once(signal_name: str, typed: PPOConfig, attempts: _Attempts) -> int:
+    """The exit code after a second stop signal: nothing saved; the checkpoint a restart takes is named."""
+    latest = _restart_point(typed, attempts)
+    logger.error(
+        "Stopped at once on a second %s, without saving. Last complete checkpoint: %s.",
+        signal_name,
+        f"{latest}; {_how_to_resume(typed)}" if latest is not None else "none",
+    )
+    return EXIT_STOPPED_AT_ONCE
+
+
+def _save_failed(err: CheckpointWriteError, typed: PPOConfig, attempts: _Attempts) -> int:
+    """The exit code when a checkpoint could not be written: the file, the OS error, the checkpoint that stays."""
+    latest = _restart_point(typed, attempts)
+    logger.error(
+        "Saving %s failed: cannot write %s: %s. Nothing of that save was kept; the last complete checkpoint is %s. "
+        "Free space in %s, or make it writable (trainer.default_local_dir), then run again.",
+        f"checkpoint {err.checkpoint}" if err.checkpoint is not None else "a checkpoint",
+        err.path,
+        err.reason,
+        f"{latest} (intact; {_how_to_resume(typed)})" if latest is not None else "none",
+        typed.trainer.default_local_dir,
+    )
+    return EXIT_CHECKPOINT_WRITE_FAILED
+
+
+def _restart_point(typed: PPOConfig, attempts: _Attempts) -> Path | None:
+    """The checkpoint the next run would resume from: the newest complete one under ``resume_mode=auto``,
+    otherwise the run's own last good one."""
+    from verl.utils.checkpoint import find_latest_checkpoint
+
+    if typed.trainer.resume_mode == "auto":
+        return find_latest_checkpoint(typed.trainer.default_local_dir, roles=checkpoint_roles(typed))
+    trainer = attempts.trainer
+    return (trainer.last_checkpoint if trainer is not None else None) or attempts.last_good
+
+
+def _how_to_resume(typed: PPOConfig) -> str:
+    mode = typed.trainer.resume_mode
+    if mode == "auto":
+        return "run the same command to resume from it (trainer.resume_mode=auto)"
+    return f"resume from it with trainer.resume_mode=auto (this run has trainer.resume_mode={mode})"
 
 
 def _teardown(typed: PPOConfig, tracker, trainer) -> None:

@@ -18,6 +18,12 @@ which names the file and says how to resume from another checkpoint or start fre
 unpickled with ``weights_only=False``. Interrupted saves leave ``.global_step_N.tmp-*`` and ``.global_step_N.old-*``
 directories behind; :func:`remove_save_debris` clears them at start-up. :func:`prune_checkpoints` deletes the oldest
 complete checkpoints beyond ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` after each save.
+
+A role directory may also hold shards: ``sharded/`` (the ``fsdp2`` backend's ``torch.distributed.checkpoint``
+files, see :mod:`verl.utils.fsdp_checkpoint`) or ``mp_rank_XX/`` (megatron's tensor-parallel shards, each with its
+own ``model.safetensors`` and ``train_state.pt``); they count towards completeness and are verified like the rest.
+A write that fails (disk full, read-only or unwritable directory: any ``OSError``) raises
+:class:`CheckpointWriteError`, which names the file and the OS error.
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from verl.utils.checkpoint_errors import (  # noqa: F401  (verl.utils.checkpoint's public names)
+    CheckpointError,
+    CheckpointWriteError,
+    describe_os_error,
+    writing,
+)
+
 logger = logging.getLogger(__name__)
 
 STEP_DIR_PATTERN = re.compile(r"^global_step_(\d+)$")
@@ -52,30 +65,11 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 WEIGHTS_FILE = "model.safetensors"
 TRAIN_STATE_FILE = "train_state.pt"
 RNG_STATE_GLOB = "rng_state_rank*.pt"
-
-_RESUME_ADVICE = (
-    "Resume from another checkpoint with `trainer.resume_mode=resume_path trainer.resume_from_path=<global_step_N "
-    "directory>`, or start fresh with `trainer.resume_mode=disable`."
-)
+# megatron's tensor-parallel shards inside a role directory (verl.workers.actor.megatron_checkpoint.shard_directory)
+SHARD_DIR_PATTERN = re.compile(r"^mp_rank_(\d+)$")
 # lines of torch's weights-only error that are advice or boilerplate, not the reason; the advice to retry with
 # weights_only=False is exactly what must not be done with a file of unknown origin
 _TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, damaged, or was not written by this trainer.
-
-    Args:
-        path: the offending file.
-        reason: what is wrong with it, in words.
-
-    Attributes:
-        path: the offending file, as a ``Path``.
-    """
-
-    def __init__(self, path: str | os.PathLike, reason: str):
-        self.path = Path(path)
-        super().__init__(f"Checkpoint file {self.path} {reason}. {_RESUME_ADVICE}")
 
 
 @contextlib.contextmanager
@@ -105,7 +99,8 @@ def save_weights(path: str | os.PathLike, state_dict: dict[str, Any]) -> None:
         if isinstance(value, torch.Tensor):
             # clone: tied weights share storage, which safetensors refuses to write twice
             tensors[key] = value.detach().to("cpu").contiguous().clone()
-    save_file(tensors, str(path))
+    with writing(path):
+        save_file(tensors, str(path))
 
 
 def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -123,7 +118,15 @@ def load_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def save_state(path: str | os.PathLike, state: Any) -> None:
-    torch.save(state, str(path))
+    """``torch.save`` of tensors and plain values to ``path``.
+
+    Raises:
+        CheckpointWriteError: the file could not be written (disk full, read-only directory, ...).
+    """
+    # through an unbuffered Python file: torch's own file writer reports a full disk as "unexpected pos" without the
+    # OS error, while a Python file raises the OSError itself
+    with writing(path), open(path, "wb", buffering=0) as handle:
+        torch.save(state, handle)
 
 
 def load_state(path: str | os.PathLike) -> Any:
@@ -196,7 +199,9 @@ def missing_checkpoint_files(step_dir: str | os.PathLike, roles: Iterable[str] =
     """The files a complete checkpoint has that ``step_dir`` lacks, relative to it; empty when complete.
 
     A complete checkpoint holds ``trainer_state.pt`` and, for each role, ``<role>/model.safetensors`` and
-    ``<role>/train_state.pt``. Rollout state files are optional (older checkpoints have none).
+    ``<role>/train_state.pt``; a role directory with shards also holds ``sharded/.metadata`` (when it has
+    ``sharded/``) and, for every ``mp_rank_XX/`` from ``mp_rank_00`` to the highest one present, that shard's
+    ``model.safetensors`` and ``train_state.pt``. Rollout state files are optional (older checkpoints have none).
 
     Args:
         step_dir: a ``global_step_N`` directory.
@@ -206,7 +211,21 @@ def missing_checkpoint_files(step_dir: str | os.PathLike, roles: Iterable[str] =
     expected = [TRAINER_STATE_FILE]
     for role in roles:
         expected += [f"{role}/{WEIGHTS_FILE}", f"{role}/{TRAIN_STATE_FILE}"]
+        if (step_dir / role / "sharded").is_dir():
+            expected.append(f"{role}/sharded/.metadata")
+        for shard in tensor_parallel_shard_names(step_dir / role):
+            expected += [f"{role}/{shard}/{WEIGHTS_FILE}", f"{role}/{shard}/{TRAIN_STATE_FILE}"]
     return [name for name in expected if not (step_dir / name).is_file()]
+
+
+def tensor_parallel_shard_names(role_dir: str | os.PathLike) -> list[str]:
+    """``mp_rank_00`` .. ``mp_rank_<highest present>``: the shard directories a role directory must hold once it
+    holds any (a gap is a missing shard, not a smaller tensor-parallel size); empty without shards."""
+    role_dir = Path(role_dir)
+    if not role_dir.is_dir():
+        return []
+    ranks = [int(m.group(1)) for p in role_dir.iterdir() if p.is_dir() and (m := SHARD_DIR_PATTERN.match(p.name))]
+    return [f"mp_rank_{rank:02d}" for rank in range(max(ranks) + 1)] if ranks else []
 
 
 def is_complete_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> bool:
@@ -220,7 +239,10 @@ def verify_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("acto
     ``trainer_state.pt``, each ``<role>/train_state.pt`` and any ``<role>/rng_state_rank*.pt`` must be
     ``torch.save`` zip archives that load with ``weights_only=True`` (memory-mapped, so tensor data is not read)
     into a dict; each ``<role>/model.safetensors`` must have a valid header and exactly the size the header
-    declares. Foreign pickles are refused by the weights-only unpickler, never executed.
+    declares. Shards are checked the same way: each ``mp_rank_XX/`` like a role directory, and ``sharded/``'s
+    ``.metadata`` and ``.distcp`` files by :func:`verl.utils.fsdp_checkpoint.verify_sharded_checkpoint` (the index
+    readable, every shard file present and as long as the index says). Foreign pickles are refused by the
+    weights-only unpickler, never executed.
 
     Args:
         step_dir: a ``global_step_N`` directory.
@@ -236,10 +258,16 @@ def verify_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("acto
         raise CheckpointError(step_dir / missing[0], "is missing (the checkpoint is incomplete)")
     _verify_state_file(step_dir / TRAINER_STATE_FILE)
     for role in roles:
-        _verify_safetensors(step_dir / role / WEIGHTS_FILE)
-        _verify_state_file(step_dir / role / TRAIN_STATE_FILE)
-        for rng_state in sorted((step_dir / role).glob(RNG_STATE_GLOB)):
+        role_dir = step_dir / role
+        for weights_dir in [role_dir, *(role_dir / shard for shard in tensor_parallel_shard_names(role_dir))]:
+            _verify_safetensors(weights_dir / WEIGHTS_FILE)
+            _verify_state_file(weights_dir / TRAIN_STATE_FILE)
+        for rng_state in sorted(role_dir.glob(RNG_STATE_GLOB)):
             _verify_state_file(rng_state)
+        if (role_dir / "sharded").is_dir():
+            from verl.utils.fsdp_checkpoint import verify_sharded_checkpoint
+
+            verify_sharded_checkpoint(role_dir / "sharded")
 
 
 def _verify_state_file(path: Path) -> None:

@@ -14,11 +14,17 @@ DCP stores only tensors here: the weights (``DTensor`` shards) and the per-param
 initialised by a fake step (``get_optimizer_state_dict`` would take one, which would break a bit-exact resume).
 Non-tensor entries would be unpickled by DCP on load, and its ``.metadata`` file is a pickle: it is read here with
 an unpickler that admits only DCP's own metadata classes, torch sizes and dtypes, and a checkpoint with any
-non-tensor entry is refused (:class:`~verl.utils.checkpoint.CheckpointError`), so loading stays weights-only.
+non-tensor entry is refused (:class:`~verl.utils.checkpoint_errors.CheckpointError`), so loading stays weights-only.
+
+A damaged sharded checkpoint is reported by file, never as DCP's own exception: :func:`verify_sharded_checkpoint`
+(run by the driver before a resume, and by every rank before it loads) checks that ``.metadata`` reads and that
+every ``.distcp`` file is as long as the index says; a shard that still fails to read names its file. A failed
+write while saving (disk full, read-only directory) raises :class:`~verl.utils.checkpoint_errors.CheckpointWriteError`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -29,9 +35,10 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
-from verl.utils.checkpoint import CheckpointError
+from verl.utils.checkpoint import CheckpointError, CheckpointWriteError, describe_os_error
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +53,10 @@ _TORCH_NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout")}
 _PATH_NAMES = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath")}
 
 
+class _RefusedGlobal(pickle.UnpicklingError):
+    """The metadata pickle names a global DCP metadata never holds (told apart from a truncated pickle)."""
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` that resolves only the globals DCP metadata consists of; anything else is refused."""
 
@@ -57,7 +68,7 @@ class _MetadataUnpickler(pickle.Unpickler):
             or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
         )
         if not allowed:
-            raise pickle.UnpicklingError(f"it names {module}.{name}, which DCP metadata never holds")
+            raise _RefusedGlobal(f"it names {module}.{name}, which DCP metadata never holds")
         return super().find_class(module, name)
 
 
@@ -75,10 +86,13 @@ def read_metadata(directory: str | os.PathLike) -> Metadata:
     try:
         with open(path, "rb") as handle:
             metadata = _MetadataUnpickler(handle).load()
-    except pickle.UnpicklingError as err:
+    except _RefusedGlobal as err:
         raise CheckpointError(path, f"was not written by this trainer: {err}; it was refused unexecuted") from err
-    except (EOFError, AttributeError, ValueError, TypeError, IndexError) as err:
-        raise CheckpointError(path, f"is damaged or was not written by this trainer ({err})") from err
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, IndexError, KeyError) as err:
+        # a truncated pickle ends in EOFError or UnpicklingError ("pickle data was truncated")
+        raise CheckpointError(
+            path, f"is damaged or was not written by this trainer ({err or type(err).__name__})"
+        ) from err
     if not isinstance(metadata, Metadata):
         raise CheckpointError(path, f"was not written by this trainer (it holds a {type(metadata).__name__})")
     non_tensor = [k for k, v in metadata.state_dict_metadata.items() if not isinstance(v, TensorStorageMetadata)]
@@ -92,8 +106,37 @@ def read_metadata(directory: str | os.PathLike) -> Metadata:
     return metadata
 
 
+def verify_sharded_checkpoint(directory: str | os.PathLike) -> Metadata:
+    """:func:`read_metadata`, and every ``.distcp`` file at least as long as the index's last byte in it.
+
+    Cheap (sizes only, no tensor is read): the driver runs it on the checkpoint it resumes from, and every rank
+    before it loads, so that a truncated shard is named instead of failing inside DCP.
+
+    Returns:
+        The checkpoint's metadata.
+
+    Raises:
+        CheckpointError: as :func:`read_metadata`, or a shard file shorter than the index says (truncated).
+    """
+    directory = Path(directory)
+    metadata = read_metadata(directory)
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), int(info.offset) + int(info.length))
+    for name, end in sorted(needed.items()):
+        size = (directory / name).stat().st_size
+        if size < end:
+            raise CheckpointError(
+                directory / name,
+                f"is damaged: {size} bytes, but {_METADATA_FILE} places shard data up to byte {end} (an interrupted "
+                "write or a truncated copy)",
+            )
+    return metadata
+
+
 class _WeightsOnlyReader(FileSystemReader):
-    """DCP's file reader with :func:`read_metadata` instead of a bare ``pickle.load``."""
+    """DCP's file reader with :func:`read_metadata` instead of a bare ``pickle.load``, and a shard that fails to
+    read named by its file (:class:`CheckpointError`)."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
@@ -106,6 +149,20 @@ class _WeightsOnlyReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        # one file at a time, so that a failure names the file it came from
+        per_file: dict[str, list[Any]] = {}
+        for item in plan.items:
+            per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+        future = None
+        for name, items in per_file.items():
+            try:
+                future = super().read_data(dataclasses.replace(plan, items=items), planner)
+            except Exception as err:
+                path = Path(str(self.path)) / name
+                raise CheckpointError(path, f"could not be read ({_first_line(err)})") from err
+        return future if future is not None else super().read_data(plan, planner)
 
 
 def _named_parameters(module: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -136,7 +193,10 @@ def save_sharded(
     state = {"model": module.state_dict()}
     if optimizer is not None:
         state["optim"] = optimizer_state_tensors(module, optimizer)
-    dcp.save(state, storage_writer=FileSystemWriter(directory), process_group=process_group)
+    try:
+        dcp.save(state, storage_writer=FileSystemWriter(directory), process_group=process_group)
+    except CheckpointException as err:  # a BaseException: as it is, it would escape every `except Exception`
+        raise _write_error(directory, err) from None
 
 
 def _optimizer_targets(
@@ -172,7 +232,7 @@ def load_sharded(
         CheckpointError: the sharded checkpoint is missing, damaged, not tensors only, or for another model.
     """
     directory = Path(directory)
-    metadata = read_metadata(directory)
+    metadata = verify_sharded_checkpoint(directory)
     model_state = module.state_dict()
     missing = [k for k in model_state if f"model.{k}" not in metadata.state_dict_metadata]
     if missing:
@@ -182,13 +242,56 @@ def load_sharded(
     if targets:
         names = {param: name for name, param in _named_parameters(module).items()}
         state["optim"] = {f"{names[p]}.{k}": t for p, entries in targets.items() for k, t in entries.items()}
-    dcp.load(state, storage_reader=_WeightsOnlyReader(directory), process_group=process_group)
+    try:
+        dcp.load(state, storage_reader=_WeightsOnlyReader(directory), process_group=process_group)
+    except CheckpointException as err:  # a BaseException: as it is, it would escape every `except Exception`
+        raise _read_error(directory, err) from None
     module.load_state_dict(model_state)
     if optimizer is not None:
         optimizer.state.clear()
         for param in _named_parameters(module).values():  # in parameter order, as the optimizer creates them
             if param in targets:
                 optimizer.state[param] = targets[param]
+
+
+def _first_line(err: BaseException) -> str:
+    """The first sentence of an error's message (torch's messages go on with advice), or its type's name."""
+    text = str(err).strip()
+    return text.splitlines()[0].split(". ", 1)[0].rstrip(".") if text else type(err).__name__
+
+
+def _failures(err: CheckpointException) -> list[tuple[int, BaseException]]:
+    """DCP's failures by rank (each stored as ``(exception, traceback)`` or the exception alone), lowest rank first."""
+    failures = []
+    for rank, failure in sorted(err.failures.items()):
+        failures.append((rank, failure[0] if isinstance(failure, tuple) else failure))
+    return failures
+
+
+def _write_error(directory: Path, err: CheckpointException) -> BaseException:
+    """The error a failed DCP save is reported as: the first OS error as :class:`CheckpointWriteError` naming the
+    directory and the rank, or the first failure itself."""
+    failures = _failures(err)
+    for rank, failure in failures:
+        if isinstance(failure, CheckpointWriteError):
+            return failure
+        if isinstance(failure, OSError):
+            where = Path(failure.filename) if failure.filename else directory
+            return CheckpointWriteError(where, f"{describe_os_error(failure)} (rank {rank}'s shards)", failure.errno)
+    if failures and isinstance(failures[0][1], Exception):
+        return failures[0][1]
+    return RuntimeError(f"saving the sharded checkpoint {directory} failed: {_first_line(err)}")
+
+
+def _read_error(directory: Path, err: CheckpointException) -> CheckpointError:
+    """The error a failed DCP load is reported as: the first :class:`CheckpointError` (which names its file), or
+    one naming the directory with the first failure."""
+    failures = _failures(err)
+    for _, failure in failures:
+        if isinstance(failure, CheckpointError):
+            return failure
+    detail = _first_line(failures[0][1]) if failures else _first_line(err)
+    return CheckpointError(directory, f"could not be read ({detail})")
 
 
 def export_huggingface(

@@ -133,12 +133,18 @@ def test_state_dict_round_trips_the_counters():
     for step, ok in enumerate([False, True, False, False], start=1):
         handler.handle(outcome(step, ok=ok, scale=1.0, floor=1.0))
     state = handler.state_dict()
-    # F S F F -> total 3, consecutive 2, unabsorbed 2, last step 4
+    # F S F F -> total 3, consecutive 2, unabsorbed 2, last step 4; all three with a loss scale: overflows
     assert state == {
         "num_total_failures": 3,
         "num_consecutive_failures": 2,
         "last_step": 4,
         "num_consecutive_unabsorbed": 2,
+        "failures_by_cause": {
+            "scaled_grad_overflow": 3,
+            "nonfinite_loss": 0,
+            "nonfinite_inputs": 0,
+            "nonfinite_grads": 0,
+        },
     }
     restored = FP16WarnAndCountHandler(max_consecutive_failures=5)
     restored.load_state_dict(state)

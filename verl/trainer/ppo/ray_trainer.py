@@ -2,7 +2,10 @@
 
 One obvious loop (:meth:`RayPPOTrainer.fit`); each step is :meth:`RayPPOTrainer.train_step`. The driver holds no
 model: worker groups do the heavy work and DataProto carries the batch between them. Checkpoints are written as
-``global_step_N`` directories, atomically, with the actor (and critic) state and the data position.
+``global_step_N`` directories, atomically, with the actor (and critic) state and the data position; a write that
+fails raises :class:`~verl.utils.checkpoint_errors.CheckpointWriteError` and leaves nothing of the attempt
+behind. Between two steps the loop answers a stop signal (:mod:`verl.trainer.preemption`): it saves and raises
+``Preempted``.
 """
 
 from __future__ import annotations
@@ -31,18 +34,22 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
+from verl.trainer.preemption import Preempted
 from verl.utils.checkpoint import (
+    CheckpointWriteError,
     atomic_directory,
     checkpoints_to_keep,
+    describe_os_error,
     load_state,
     prune_checkpoints,
     save_state,
+    step_of_checkpoint,
 )
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 from verl.workers.actor.base import UPDATE_READS
 from verl.workers.config import PPOConfig
-from verl.workers.critic.base import CRITIC_UPDATE_KEYS, VALUE_KEYS
+from verl.workers.critic.base import CRITIC_UPDATE_READS, VALUE_KEYS
 from verl.workers.reward_model import rm_score_inputs
 
 logger = logging.getLogger("verl.trainer")
@@ -118,6 +125,8 @@ class RayPPOTrainer:
         restarts: how many times the run rebuilt its workers after one died before this trainer; logged with every
             step as ``trainer/restarts``.
         tokenizer: decodes the validation samples that ``trainer.log_val_generations`` logs (None: none logged).
+        stop_signals: the driver's :class:`~verl.trainer.preemption.StopSignals`, asked between steps (None: the
+            loop never stops early).
     """
 
     def __init__(
@@ -134,6 +143,7 @@ class RayPPOTrainer:
         resume_from: Path | None = None,
         restarts: int = 0,
         tokenizer=None,
+        stop_signals=None,
     ):
         self.config = config
         self.train_loader = train_loader
@@ -152,12 +162,18 @@ class RayPPOTrainer:
         self.resume_from = resume_from
         self.restarts = restarts
         self.tokenizer = tokenizer
+        self.stop_signals = stop_signals
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
 
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> dict[str, float]:
-        """Train for ``total_training_steps`` steps (from the resumed step, if any); returns the last metrics."""
+        """Train for ``total_training_steps`` steps (from the resumed step, if any); returns the last metrics.
+
+        Raises:
+            Preempted: a stop signal arrived; the steps it let finish are saved (see :meth:`stop_if_asked`).
+            CheckpointWriteError: a checkpoint could not be written.
+        """
         self.maybe_resume()
         # Every step appears once in metrics.jsonl: after a resume, the rows of steps that run again go; a fresh
         # start in a directory with an earlier run's rows moves that file aside (nothing is deleted).
@@ -178,6 +194,9 @@ class RayPPOTrainer:
             dynamic_ncols=True,
         )
         while self.global_step < self.total_training_steps:
+            self.stop_if_asked()
+            if self.stop_signals is not None:
+                self.stop_signals.step_in_progress = self.global_step + 1
             batch = next(self.train_loader)
             metrics = self.train_step(batch)
             metrics["trainer/restarts"] = float(self.restarts)
@@ -287,7 +306,7 @@ class RayPPOTrainer:
             self.compute_advantage(batch)
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
-                metrics.update(mean_over_ranks(self.critic_wg.update_critic(only_keys(batch, CRITIC_UPDATE_KEYS))))
+                metrics.update(mean_over_ranks(self.critic_wg.update_critic(only_keys(batch, CRITIC_UPDATE_READS))))
         # verl's rule, with its 1-based step: the actor starts updating at step critic_warmup (0 and 1: at once)
         if self.global_step + 1 >= cfg.trainer.critic_warmup or self.critic_wg is None:
             with self._timed(timing, "update_actor"):
@@ -501,29 +520,60 @@ class RayPPOTrainer:
     def checkpoint_root(self) -> Path:
         return Path(self.config.trainer.default_local_dir)
 
+    def stop_if_asked(self) -> None:
+        """Between two steps: when a stop signal has arrived, save the step the run stands at (unless it is saved
+        already, or no step ran) and raise :class:`~verl.trainer.preemption.Preempted`.
+
+        The save is the one ``trainer.save_freq`` makes (also when ``save_freq <= 0``: the signal asks for it).
+        """
+        signals = self.stop_signals
+        if signals is None or signals.requested is None:
+            return
+        checkpoint = self.last_checkpoint
+        saved = checkpoint is not None and step_of_checkpoint(checkpoint) == self.global_step
+        if self.global_step > 0 and not saved:
+            checkpoint = self.save_checkpoint()
+        raise Preempted(signals.requested, self.global_step, checkpoint)
+
     def save_checkpoint(self) -> Path:
-        """Write ``global_step_N`` atomically: a crash mid-save leaves the previous checkpoint intact."""
+        """Write ``global_step_N`` atomically: a crash mid-save leaves the previous checkpoint intact.
+
+        Raises:
+            CheckpointWriteError: a file could not be written, here or in a worker (disk full, read-only directory,
+                any ``OSError``); its ``checkpoint`` is the ``global_step_N`` that was being saved, and nothing of
+                the attempt is left under its final name.
+        """
         final = self.checkpoint_root() / f"global_step_{self.global_step}"
-        with atomic_directory(final) as tmp:
-            self.actor_wg.save_checkpoint(str(tmp / "actor"))
-            if self.critic_wg is not None:
-                self.critic_wg.save_checkpoint(str(tmp / "critic"))
-            save_state(
-                tmp / "trainer_state.pt",
-                {
-                    "global_step": self.global_step,
-                    "data_loader": self.train_loader.state_dict(),
-                    # the adaptive KL coefficient moves every step: a resumed run must start where it stood
-                    "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
-                },
-            )
+        try:
+            with atomic_directory(final) as tmp:
+                self.actor_wg.save_checkpoint(str(tmp / "actor"))
+                if self.critic_wg is not None:
+                    self.critic_wg.save_checkpoint(str(tmp / "critic"))
+                save_state(
+                    tmp / "trainer_state.pt",
+                    {
+                        "global_step": self.global_step,
+                        "data_loader": self.train_loader.state_dict(),
+                        # the adaptive KL coefficient moves every step: a resumed run must start where it stood
+                        "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
+                    },
+                )
+        except (CheckpointWriteError, OSError) as err:
+            raise CheckpointWriteError.while_saving(err, final) from err
         self.last_checkpoint = final
         logger.info("saved checkpoint %s", final)
         trainer_cfg = self.config.trainer
         limits = [trainer_cfg.max_actor_ckpt_to_keep]
         if self.critic_wg is not None:
             limits.append(trainer_cfg.max_critic_ckpt_to_keep)
-        prune_checkpoints(self.checkpoint_root(), final, checkpoints_to_keep(limits), self.roles)
+        try:
+            prune_checkpoints(self.checkpoint_root(), final, checkpoints_to_keep(limits), self.roles)
+        except OSError as err:  # the new checkpoint is complete: a failed clean-up must not stop the run
+            logger.warning(
+                "could not remove old checkpoints under %s (%s); they stay until removed by hand",
+                self.checkpoint_root(),
+                describe_os_error(err),
+            )
         return final
 
     def maybe_resume(self) -> None:

@@ -96,6 +96,7 @@ def accumulate_micro_batches(loop: UpdateLoop, mini: DataProto, temperature: flo
     micro_batches, _ = split_by_length(mini, loop.micro_batching)  # similar lengths: little padding each
     for micro in micro_batches:
         loss, metrics = loop._micro_batch_loss(micro, temperature)
+        loop.note_loss(loss)
         loop.optimizer.backward(loss * loop._micro_batch_weight(micro, mini))
         all_metrics.append(metrics)
     return all_metrics
@@ -421,6 +422,7 @@ class MegatronBackend(TrainingBackend):
 
             def loss_func(output):
                 loss, metrics = loop._loss_from_model_output(micro, output, temperature)
+                loop.note_loss(loss)  # before the drill's poison: a drilled NaN travels as a gradient overflow
                 loss = loop.fault_injector.poison_loss(loop.num_update_steps + 1, loss)  # this mini-batch's update
                 all_metrics.append(metrics)
                 # The schedule divides by the number of micro-batches; undo that and weight by the micro-batch's

@@ -32,7 +32,8 @@ UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "resp
 OPTIONAL_UPDATE_KEYS = ["rollout_log_probs", "rollout_is_weights"]
 LOG_PROB_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 # every tensor update_policy may read: the driver sends the update these and nothing else of the batch
-UPDATE_READS = [*UPDATE_KEYS, "old_log_probs", "ref_log_prob", *OPTIONAL_UPDATE_KEYS]
+# (the rewards only for the check of the loss's inputs, which names them as the source of non-finite advantages)
+UPDATE_READS = [*UPDATE_KEYS, "old_log_probs", "ref_log_prob", *OPTIONAL_UPDATE_KEYS, "token_level_rewards"]
 
 
 def require_temperature(meta_info: dict, caller: str) -> float:

@@ -22,17 +22,51 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.utils.metrics import StepMetrics
 from verl.workers.actor.backend import FIRE_DRILL_TARGETS, TrainingBackend
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.config import TrainedModelConfig
-from verl.workers.update_outcome import UpdateOutcome, UpdateOutcomeHandler
+from verl.workers.update_outcome import FailureCause, UpdateOutcome, UpdateOutcomeHandler
 
 logger = logging.getLogger(__name__)
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+#: Float batch keys that feed a loss (or, the rewards, what the advantages and returns come from), checked for inf/NaN
+#: once per update; in the order a reader traces a NaN back: source first.
+LOSS_INPUT_KEYS = (
+    "token_level_rewards",
+    "advantages",
+    "returns",
+    "values",
+    "old_log_probs",
+    "ref_log_prob",
+    "rollout_log_probs",
+    "rollout_is_weights",
+)
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` summed over every rank of the default process group (the ranks that train this model), so that
+    all of them take the same decision; itself without one. One collective, on the device NCCL needs."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tensor.device
+    reduced = tensor.to(device)
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced.cpu()
+
+
+def count_nonfinite_inputs(data: DataProto, keys: list[str]) -> torch.Tensor:
+    """For each of ``keys``, the number of inf/NaN entries (tokens) of ``data``; a float (len(keys),) CPU tensor.
+
+    Padding tokens count too: the losses mask by multiplying (``x * mask``), and ``NaN * 0`` is NaN, so a NaN on a
+    padding token poisons the loss as surely as one on a valid token.
+    """
+    return torch.stack([(~torch.isfinite(data.batch[key])).sum().float().cpu() for key in keys])
 
 
 def loss_share(micro_mask: torch.Tensor, mini_mask: torch.Tensor, aggregation: str) -> float:
@@ -87,6 +121,8 @@ class UpdateLoop(ABC):
 
     # the mini-batch whose micro-batches are being accumulated (None outside :meth:`update`)
     current_mini_batch: DataProto | None = None
+    # whether a micro-batch loss of the current mini-batch was inf/NaN (a 0-d bool tensor: no host sync per loss)
+    _nonfinite_loss: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -176,8 +212,43 @@ class UpdateLoop(ABC):
         """Forward and backward every micro-batch of ``mini``, accumulating gradients; returns their metrics."""
         return self.backend.backward_mini_batch(self, mini, temperature)
 
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """Record whether a micro-batch's unscaled loss is inf/NaN; every backend calls this for each loss it is
+        about to run backward on, before any loss scaling or fire-drill poisoning."""
+        nonfinite = ~torch.isfinite(loss.detach()).all()
+        self._nonfinite_loss = nonfinite if self._nonfinite_loss is None else self._nonfinite_loss | nonfinite
+
+    def _take_nonfinite_loss(self) -> bool:
+        """Whether any rank saw an inf/NaN loss in this mini-batch (agreed: one collective); resets the record."""
+        nonfinite, self._nonfinite_loss = self._nonfinite_loss, None
+        flag = torch.zeros(1) if nonfinite is None else nonfinite.float().reshape(1).cpu()
+        return bool(sum_over_ranks(flag).item() > 0)
+
+    def _failed_outcome(self, cause: FailureCause, **details) -> UpdateOutcome:
+        """An update skipped before the optimizer step (the step counts as attempted, the loss scale is unchanged)."""
+        self.num_update_steps += 1
+        self.optimizer.zero_grad()
+        return UpdateOutcome(
+            successful=False,
+            grad_norm=None,
+            num_zeros_in_grad=None,
+            loss_scale=self.backend.loss_scale(self),
+            min_loss_scale=self.backend.min_loss_scale(self),
+            step=self.num_update_steps,
+            role=self.role,
+            cause=cause,
+            **details,
+        )
+
     def _optimizer_step(self) -> UpdateOutcome:
-        """One optimizer step, reported as an :class:`UpdateOutcome` (computed from globally reduced values)."""
+        """One optimizer step, reported as an :class:`UpdateOutcome` (computed from globally reduced values).
+
+        A mini-batch whose loss was inf/NaN on any rank is not stepped: no loss scale explains it, so the scaler
+        must not back off; the outcome's cause says so (``nonfinite_loss``). Otherwise a failed step is a
+        scaled-gradient overflow under a loss scaler and non-finite gradients without one.
+        """
+        if self._take_nonfinite_loss():
+            return self._failed_outcome(FailureCause.NONFINITE_LOSS)
         self.num_update_steps += 1
         step = self.num_update_steps
         if self.backend.fire_drill_target == "gradients":  # otherwise the backward already poisoned the losses
@@ -192,7 +263,23 @@ class UpdateLoop(ABC):
             min_loss_scale=self.backend.min_loss_scale(self),
             step=step,
             role=self.role,
+            cause=None if successful else self._step_failure_cause(loss_scale),
         )
+
+    @staticmethod
+    def _step_failure_cause(loss_scale: float | None) -> FailureCause:
+        return FailureCause.SCALED_GRAD_OVERFLOW if loss_scale is not None else FailureCause.NONFINITE_GRADS
+
+    def _nonfinite_inputs(self, data: DataProto, read_keys: list[str]) -> dict[str, int]:
+        """The loss inputs of ``data`` that hold inf/NaN, with their counts of tokens summed over the ranks
+        (one collective, every rank the same answer); empty when all are finite or only an unread key is bad."""
+        keys = [key for key in LOSS_INPUT_KEYS if key in data.batch.keys()]
+        if not keys:
+            return {}
+        counts = dict(zip(keys, (int(c) for c in sum_over_ranks(count_nonfinite_inputs(data, keys)).tolist())))
+        if not any(counts[key] for key in keys if key in read_keys):
+            return {}  # e.g. NaN rewards whose advantages came out finite (a filtered group): the update is sound
+        return {key: count for key, count in counts.items() if count}
 
     def update(self, data: DataProto) -> dict[str, float]:
         """Train on ``data`` (rows of this rank) and return the step's metrics, reduced over its updates.
@@ -205,7 +292,13 @@ class UpdateLoop(ABC):
         if self.optimizer is None:
             raise ValueError(f"{self.role}: this model is frozen (built without an optimizer); it cannot train.")
         temperature = self._update_temperature(data)
-        data = data.select(batch_keys=self._update_batch_keys(data))
+        read_keys = self._update_batch_keys(data)
+        nonfinite_inputs = self._nonfinite_inputs(data, read_keys)
+        if nonfinite_inputs:
+            return self._skip_update(
+                self._failed_outcome(FailureCause.NONFINITE_INPUTS, nonfinite_inputs=nonfinite_inputs)
+            )
+        data = data.select(batch_keys=read_keys)
         if len(data) % self.mini_batch_size:
             raise ValueError(
                 f"{self.role}: {len(data)} samples on this rank do not split into mini-batches of "
@@ -233,6 +326,19 @@ class UpdateLoop(ABC):
             self.lr_scheduler.step()  # a step in which no update succeeded does not advance the schedule
         reduced = metrics.reduce()
         reduced[f"{self.role}/num_updates_successful"] = float(num_successful)
+        reduced[f"{self.role}/num_updates_attempted"] = float(self.num_update_steps)
+        reduced[f"{self.role}/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        return reduced
+
+    def _skip_update(self, outcome: UpdateOutcome) -> dict[str, float]:
+        """The metrics of an update skipped as a whole (nothing computed), after the handler has seen its outcome."""
+        metrics = StepMetrics()
+        handler_reductions = {
+            f"{self.role}/{name}": how for name, how in self.update_outcome_handler.metric_reductions().items()
+        }
+        metrics.add(self.update_outcome_handler.handle(outcome), handler_reductions)
+        reduced = metrics.reduce()
+        reduced[f"{self.role}/num_updates_successful"] = 0.0
         reduced[f"{self.role}/num_updates_attempted"] = float(self.num_update_steps)
         reduced[f"{self.role}/lr"] = float(self.optimizer.param_groups[0]["lr"])
         return reduced

@@ -36,6 +36,8 @@ CRITIC_UPDATE_KEYS = [
     "values",
     "returns",
 ]
+# what the driver sends an update: its keys, and the rewards for the check of the loss's inputs (see UpdateLoop)
+CRITIC_UPDATE_READS = [*CRITIC_UPDATE_KEYS, "token_level_rewards"]
 VALUE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
 

@@ -15,10 +15,18 @@ from verl.workers.update_outcome.base import (
 )
 from verl.workers.update_outcome.builder import build_update_outcome_handler, is_fp16, resolve_policy_name
 from verl.workers.update_outcome.handlers import FP16WarnAndCountHandler, StrictHandler
-from verl.workers.update_outcome.outcome import UpdateFailedError, UpdateOutcome, policy_config_key
+from verl.workers.update_outcome.outcome import (
+    UNSCALABLE_CAUSES,
+    FailureCause,
+    UpdateFailedError,
+    UpdateOutcome,
+    policy_config_key,
+)
 
 __all__ = [
+    "UNSCALABLE_CAUSES",
     "UPDATE_OUTCOME_HANDLER_REGISTRY",
+    "FailureCause",
     "FP16WarnAndCountHandler",
     "StrictHandler",
     "UpdateFailedError",

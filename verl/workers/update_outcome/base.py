@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.utils.registry import Registry
-from verl.workers.update_outcome.outcome import UpdateOutcome
+from verl.workers.update_outcome.outcome import FailureCause, UpdateOutcome
 
 UPDATE_OUTCOME_HANDLER_REGISTRY: Registry[type[UpdateOutcomeHandler]] = Registry(
     "update-outcome handler", config_key="actor_rollout_ref.actor.update_failure_policy"
@@ -30,12 +30,14 @@ class UpdateOutcomeHandler:
         num_total_failures: failed updates since the start of training.
         num_consecutive_failures: failed updates since the last successful one.
         last_step: the step of the last outcome handled (0 before the first).
+        failures_by_cause: failed updates since the start of training, per :class:`FailureCause` value.
     """
 
     def __init__(self):
         self.num_total_failures = 0
         self.num_consecutive_failures = 0
         self.last_step = 0
+        self.failures_by_cause = {cause.value: 0 for cause in FailureCause}
 
     def handle(self, outcome: UpdateOutcome) -> dict[str, float]:
         """Record ``outcome``, apply the policy, and return this step's metrics.
@@ -56,6 +58,7 @@ class UpdateOutcomeHandler:
         else:
             self.num_total_failures += 1
             self.num_consecutive_failures += 1
+            self.failures_by_cause[outcome.cause.value] += 1
             self.on_failure(outcome)
         return self.metrics(outcome)
 
@@ -74,6 +77,9 @@ class UpdateOutcomeHandler:
             f"{prefix}/update_failures_consecutive": float(self.num_consecutive_failures),
             f"{prefix}/update_failures_total": float(self.num_total_failures),
         }
+        for cause, count in self.failures_by_cause.items():
+            if count:  # a cause appears from its first failure on
+                metrics[f"{prefix}/update_failures/{cause}"] = float(count)
         if outcome.loss_scale is not None:
             metrics[f"{prefix}/loss_scale"] = float(outcome.loss_scale)
         return metrics
@@ -91,6 +97,7 @@ class UpdateOutcomeHandler:
             "update_failed": "max",
             "update_failures_consecutive": "last",
             "update_failures_total": "last",
+            **{f"update_failures/{cause.value}": "last" for cause in FailureCause},
             "loss_scale": "last",
         }
 
@@ -100,6 +107,7 @@ class UpdateOutcomeHandler:
             "num_total_failures": self.num_total_failures,
             "num_consecutive_failures": self.num_consecutive_failures,
             "last_step": self.last_step,
+            "failures_by_cause": dict(self.failures_by_cause),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -110,6 +118,15 @@ class UpdateOutcomeHandler:
         """
         for key in ("num_total_failures", "num_consecutive_failures", "last_step"):
             setattr(self, key, read_counter(state, key, type(self).__name__))
+        # a checkpoint from before the causes were told apart has no per-cause counts: they start from zero
+        by_cause = state.get("failures_by_cause")
+        self.failures_by_cause = {cause.value: 0 for cause in FailureCause}
+        if by_cause is None:
+            return
+        for cause in by_cause:
+            if cause not in self.failures_by_cause:
+                raise ValueError(f"{type(self).__name__} state counts failures of an unknown cause {cause!r}.")
+            self.failures_by_cause[cause] = read_counter(by_cause, cause, type(self).__name__)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.state_dict()})"

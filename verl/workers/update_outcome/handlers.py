@@ -13,11 +13,32 @@ from typing import Any
 
 from verl.workers.update_outcome.base import UpdateOutcomeHandler, read_counter, register_update_outcome_handler
 from verl.workers.update_outcome.outcome import (
+    UNSCALABLE_CAUSES,
+    FailureCause,
     UpdateFailedError,
     UpdateOutcome,
     describe_outcome,
     policy_config_key,
 )
+
+#: Where to look, per cause, in the message that stops a run.
+_WHERE_TO_LOOK = {
+    FailureCause.NONFINITE_INPUTS: (
+        "The loss's inputs held inf/NaN before any forward pass, so no loss scale or retry can help: look at what "
+        "produced them (the reward function for token_level_rewards/scores, the advantage estimator for "
+        "advantages/returns, the rollout or reference pass for the log-probs, the critic for values)."
+    ),
+    FailureCause.NONFINITE_LOSS: (
+        "The loss was inf/NaN before loss scaling, so backing the scale off cannot help: look for a forward-pass "
+        "overflow (fp16 activations or logits: try bf16 or a lower learning rate) or a kernel returning NaN "
+        "log-probs (use_fused_kernels, use_torch_compile, use_remove_padding)."
+    ),
+}
+
+
+def _where_to_look(outcome: UpdateOutcome, default: str) -> str:
+    return _WHERE_TO_LOOK.get(outcome.cause, default)
+
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +49,17 @@ class StrictHandler(UpdateOutcomeHandler):
 
     def on_failure(self, outcome: UpdateOutcome) -> None:
         key = policy_config_key(outcome.role)
+        advice = _where_to_look(
+            outcome,
+            f"For fp16 training, where the loss scaler's first skipped steps are expected, set "
+            f"{key}=fp16_warn_and_count (or auto); otherwise look for the source of the non-finite gradients "
+            f"(learning rate, data, dtype).",
+        )
         raise UpdateFailedError(
             f"{outcome.role} update failed at step {outcome.step}: {outcome.failure_reason}; "
             f"{describe_outcome(outcome)}; failures: {self.num_consecutive_failures} consecutive, "
             f"{self.num_total_failures} in total. The update-failure policy is 'strict', which stops on the first "
-            f"failed update. For fp16 training, where the loss scaler's first skipped steps are expected, set "
-            f"{key}=fp16_warn_and_count (or auto); otherwise look for the source of the non-finite gradients "
-            f"(learning rate, data, dtype).",
+            f"failed update. {advice}",
             outcome,
         )
 
@@ -53,7 +78,9 @@ class FP16WarnAndCountHandler(UpdateOutcomeHandler):
 
     A failure is absorbed when the dynamic loss scaler could still back off (``loss_scale > min_loss_scale``):
     the scaler is still finding its range. Failures at the floor, or without dynamic loss scaling, are not
-    absorbed. A successful update resets both consecutive counts.
+    absorbed. A successful update resets both consecutive counts. A failure no loss scale can fix (its cause is
+    ``nonfinite_loss`` or ``nonfinite_inputs``: the loss or its inputs were already inf/NaN) stops the run at once,
+    naming the cause and where it came from.
 
     Args:
         max_consecutive_failures: raise when more than this many consecutive failures were not absorbed (>= 1).
@@ -85,6 +112,13 @@ class FP16WarnAndCountHandler(UpdateOutcomeHandler):
             f"{self.num_consecutive_failures} consecutive ({self.num_consecutive_unabsorbed} not absorbed by the "
             f"loss scaler), {self.num_total_failures} in total"
         )
+        if outcome.cause in UNSCALABLE_CAUSES:
+            raise UpdateFailedError(
+                f"{outcome.role} update failed at step {outcome.step}: {outcome.failure_reason}; "
+                f"{describe_outcome(outcome)}; failures: {counts}. The loss scale was left as it was, and "
+                f"fp16_warn_and_count stops at once on this cause. {_where_to_look(outcome, '')}",
+                outcome,
+            )
         if self.num_consecutive_unabsorbed > self.max_consecutive_failures:
             key = policy_config_key(outcome.role)
             raise UpdateFailedError(

@@ -1,0 +1,159 @@
+"""How main_ppo ends a run that is stopped from outside or cannot save: its exit code and its one message.
+
+``_train`` runs in this process with Ray's start and the attempts replaced: each case makes the attempt raise what
+the trainer or a worker group raises (a stop signal answered, a second signal, a failed write, a damaged shard found
+by a worker, a rank hung in a collective) and checks the code, the message, and, for a hang, the restart.
+"""
+
+import logging
+import signal
+from types import SimpleNamespace
+
+import pytest
+
+from tests.trainer.test_main_ppo import write_checkpoint
+from verl.single_controller import CollectiveTimeoutError
+from verl.trainer import main_ppo
+from verl.trainer.preemption import Preempted, StopSignals
+from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
+from verl.workers.config import PPOConfig, compose_omegaconf
+
+
+def typed(tmp_path, *overrides: str) -> PPOConfig:
+    return PPOConfig.from_omegaconf(compose_omegaconf([f"trainer.default_local_dir={tmp_path / 'out'}", *overrides]))
+
+
+class _Loader:
+    def state_dict(self):
+        return {"position": 0}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def train(monkeypatch, config, outcomes, caplog):
+    """``_train`` with each attempt raising the next of ``outcomes`` (None: the attempt finishes; a function: called
+    with the attempts record, raises what it returns); returns (exit code, the attempts record, the lines logged,
+    what each attempt found installed for SIGTERM)."""
+    seen_handlers = []
+
+    def attempt(typed_config, data, num_steps, tracker, attempts):
+        seen_handlers.append(signal.getsignal(signal.SIGTERM))
+        outcome = outcomes.pop(0)
+        if callable(outcome):
+            outcome = outcome(attempts)
+        if outcome is not None:
+            raise outcome
+
+    def ray_like_start(config):  # ray.init replaces the driver's SIGTERM handler with its own
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+    monkeypatch.setattr(main_ppo, "start_ray", ray_like_start)
+    monkeypatch.setattr(main_ppo, "_attempt", attempt)
+    attempts = main_ppo._Attempts(resume_from=None, last_good=None, stop_signals=StopSignals())
+    data = SimpleNamespace(train_loader=_Loader())
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with caplog.at_level(logging.WARNING, logger="verl.trainer"):
+            code = main_ppo._train(config, data, 6, tracker=None, attempts=attempts)
+    finally:
+        attempts.stop_signals.restore()
+        signal.signal(signal.SIGTERM, previous)
+    lines = "\n".join(r.getMessage() for r in caplog.records)
+    return code, attempts, lines, seen_handlers
+
+
+def test_exit_codes_are_distinct():
+    codes = [
+        main_ppo.EXIT_OK,
+        main_ppo.EXIT_POLICY_STOP,
+        main_ppo.EXIT_BAD_CONFIG,
+        main_ppo.EXIT_BAD_CHECKPOINT,
+        main_ppo.EXIT_WORKER_DIED,
+        main_ppo.EXIT_PREEMPTED,
+        main_ppo.EXIT_STOPPED_AT_ONCE,
+        main_ppo.EXIT_CHECKPOINT_WRITE_FAILED,
+    ]
+    assert codes == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_stop_signal_answered_exits_5_naming_the_checkpoint_and_the_handlers_outlive_ray_init(
+    tmp_path, monkeypatch, caplog
+):
+    saved = tmp_path / "out" / "global_step_4"
+    code, attempts, lines, seen = train(monkeypatch, typed(tmp_path), [Preempted("SIGTERM", 4, saved)], caplog)
+    assert code == main_ppo.EXIT_PREEMPTED
+    assert f"Stopped on SIGTERM after step 4, the workers shut down: checkpoint {saved}; run the same command" in lines
+    assert "to resume from it (trainer.resume_mode=auto)." in lines
+    # installed after Ray's start: the attempt saw ours, not the handler Ray put in
+    assert seen == [attempts.stop_signals._handle]
+
+
+def test_a_second_signal_exits_6_naming_the_last_complete_checkpoint(tmp_path, monkeypatch, caplog):
+    latest = write_checkpoint(tmp_path / "out", 3)
+
+    def second_signal(attempts):
+        attempts.stop_signals.requested, attempts.stop_signals.stopped_at_once = "SIGINT", "SIGINT"
+        return KeyboardInterrupt()  # what ray.get turns the handler's StopAtOnce into
+
+    code, _, lines, _ = train(monkeypatch, typed(tmp_path), [second_signal], caplog)
+    assert code == main_ppo.EXIT_STOPPED_AT_ONCE
+    assert f"Stopped at once on a second SIGINT, without saving. Last complete checkpoint: {latest}; run the" in lines
+
+
+def test_a_keyboard_interrupt_that_is_not_a_second_signal_propagates(tmp_path, monkeypatch, caplog):
+    with pytest.raises(KeyboardInterrupt):
+        train(monkeypatch, typed(tmp_path), [KeyboardInterrupt()], caplog)
+
+
+def test_a_failed_write_exits_7_naming_the_file_the_os_error_and_the_checkpoint_that_stays(
+    tmp_path, monkeypatch, caplog
+):
+    latest = write_checkpoint(tmp_path / "out", 3)
+    failed = tmp_path / "out" / "global_step_6"
+    err = CheckpointWriteError(tmp_path / "out" / ".tmp" / "actor" / "model.safetensors", "[Errno 28] No space", 28)
+    err = CheckpointWriteError.while_saving(err, failed)
+    code, _, lines, _ = train(monkeypatch, typed(tmp_path), [err], caplog)
+    assert code == main_ppo.EXIT_CHECKPOINT_WRITE_FAILED
+    assert lines.count("\n") == 0  # one message
+    assert f"Saving checkpoint {failed} failed: cannot write {err.path}: [Errno 28] No space." in lines
+    assert f"the last complete checkpoint is {latest} (intact; run the same command to resume from it" in lines
+    assert f"Free space in {tmp_path / 'out'}, or make it writable (trainer.default_local_dir)" in lines
+
+
+def test_a_damaged_shard_found_by_a_worker_exits_3_naming_it(tmp_path, monkeypatch, caplog):
+    shard = tmp_path / "out" / "global_step_3" / "actor" / "sharded" / "__1_0.distcp"
+    code, _, lines, _ = train(monkeypatch, typed(tmp_path), [CheckpointError(shard, "could not be read")], caplog)
+    assert code == main_ppo.EXIT_BAD_CHECKPOINT
+    assert f"Cannot resume: Checkpoint file {shard} could not be read." in lines
+
+
+def _hang():
+    return CollectiveTimeoutError(
+        "actor_rollout_ref", 1, "node-b", "10.0.0.2", "rank(s) 0 waited for it in a collective of update_actor"
+    )
+
+
+def test_a_rank_hung_in_a_collective_is_restarted_under_max_restarts(tmp_path, monkeypatch, caplog):
+    write_checkpoint(tmp_path / "out", 3)
+    code, attempts, lines, _ = train(monkeypatch, typed(tmp_path, "trainer.max_restarts=1"), [_hang(), None], caplog)
+    # the first attempt hung, the second finished: one restart, resumed from the newest complete checkpoint
+    assert (code, attempts.restarts, attempts.resume_from) == (main_ppo.EXIT_OK, 1, tmp_path / "out" / "global_step_3")
+    assert "hung in a collective" in lines and "Restart 1 of trainer.max_restarts=1" in lines
+
+
+def test_a_rank_hung_in_a_collective_without_restarts_exits_4_naming_rank_and_node(tmp_path, monkeypatch, caplog):
+    code, _, lines, _ = train(monkeypatch, typed(tmp_path), [_hang()], caplog)
+    assert code == main_ppo.EXIT_WORKER_DIED
+    assert "A worker hung in a collective: role actor_rollout_ref, rank 1, node node-b (10.0.0.2)." in lines
+    assert "needs a longer trainer.collective_timeout_s" in lines
+
+
+def test_no_restart_once_a_stop_was_asked(tmp_path, monkeypatch, caplog):
+    def hang_after_a_signal(attempts):
+        attempts.stop_signals.requested = "SIGTERM"
+        return _hang()
+
+    code, attempts, _, _ = train(monkeypatch, typed(tmp_path, "trainer.max_restarts=3"), [hang_after_a_signal], caplog)
+    # restarts are left, but the run was asked to stop: it reports the hang instead of rebuilding
+    assert (code, attempts.restarts) == (main_ppo.EXIT_WORKER_DIED, 0)
