@@ -6,10 +6,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.workers.actor.test_fsdp_actor import world_of_one  # noqa: F401  (FSDP2 needs a process group)
+from tests.workers.actor.conftest import world_of_one  # noqa: F401  (FSDP2 needs a process group)
 from verl.trainer.main_ppo import worker_classes
 from verl.workers.config import compose_ppo_config
 from verl.workers.fsdp_workers import FSDPActorRolloutRefWorker, FSDPCriticWorker
+
+pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
 def make_worker(*overrides: str, role: int = 0):

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
-from tests.workers.actor.test_fsdp_actor import world_of_one  # noqa: F401  (FSDP2 needs a process group)
+from tests.workers.actor.conftest import world_of_one  # noqa: F401  (FSDP2 needs a process group)
 from verl.protocol import DataProto
 from verl.workers.config import compose_ppo_config
 from verl.workers.reward_model import (

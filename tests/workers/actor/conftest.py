@@ -22,6 +22,17 @@ def megatron_world_of_one():
         torch.distributed.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def world_of_one(tmp_path_factory):
+    """FSDP2 needs a process group even for one rank; other test modules expect none, so it ends with the module."""
+    import torch.distributed as dist
+
+    store = tmp_path_factory.mktemp("store") / "rendezvous"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 def tiny_qwen2(seed=0, vocab=VOCAB):
     torch.manual_seed(seed)
     config = Qwen2Config(

@@ -9,7 +9,6 @@ import pickle
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
@@ -23,14 +22,7 @@ from verl.workers.actor.fsdp_actor import build_fsdp_actor
 from verl.workers.critic.dp_critic import ValueModel, build_dp_critic
 from verl.workers.critic.fsdp_critic import build_fsdp_critic
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one(tmp_path_factory):
-    """FSDP2 needs a process group even for one rank; other test modules expect none, so it ends with the module."""
-    store = tmp_path_factory.mktemp("store") / "rendezvous"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")  # FSDP2 needs a process group (conftest)
 
 
 def make_fsdp_actor(seed=0, trainable=True, checkpointing=False, use_remove_padding=False, **overrides):

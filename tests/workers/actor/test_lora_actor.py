@@ -4,7 +4,6 @@ bit for bit, and the exported adapter directory is one peft loads."""
 
 import pytest
 import torch
-import torch.distributed as dist
 from peft import PeftModel
 from torch.distributed.tensor import DTensor
 
@@ -24,13 +23,7 @@ NUM_ADAPTER_PARAMS = 4096
 NUM_ADAPTER_TENSORS = 2 * 7 * 2  # A and B of 7 linear layers in each of 2 layers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one(tmp_path_factory):
-    """FSDP2 needs a process group even for one rank; other test modules expect none, so it ends with the module."""
-    store = tmp_path_factory.mktemp("store") / "rendezvous"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")  # FSDP2 needs a process group (conftest)
 
 
 def lora_model_config(**overrides):

@@ -118,7 +118,9 @@ class OneRankPlainDecoder(IncrementalDecoder):
                 sharded.config, attn_implementation=sharded.config._attn_implementation
             )
         self.plain.eval()
-        self.onednn = any(type(m).__name__ == "OneDNNLinear" for m in sharded.modules())
+        from verl.utils.cpu_linear import OneDNNLinear
+
+        self.onednn = any(isinstance(m, OneDNNLinear) for m in sharded.modules())
         self.inner: IncrementalDecoder | None = None
 
     def _load_plain_weights(self) -> None:
