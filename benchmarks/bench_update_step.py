@@ -139,6 +139,23 @@ def time_handle_alone(handler: UpdateOutcomeHandler, fp16: bool, num_calls: int)
     return {"handle_us": elapsed / num_calls * 1e6, "handle_py_heap_peak_bytes": float(peak)}
 
 
+def time_cause_checks(actor, batch, num_updates: int, num_calls: int) -> dict[str, float]:
+    """Microseconds per ``update_policy`` call of the checks that tell failure causes apart: the loss inputs'
+    finiteness (once per call) and the micro-batch losses' (one note per micro-batch, one agreed verdict per
+    update, ``num_updates`` per call)."""
+    keys = actor._update_batch_keys(batch)
+    loss = torch.tensor(0.5, device=batch.batch["advantages"].device)
+    num_micro = max(1, int(actor.mini_batch_size) // int(actor.micro_batch_size or actor.mini_batch_size))
+    start = time.perf_counter()
+    for _ in range(num_calls):
+        assert not actor._nonfinite_inputs(batch, keys)
+        for _ in range(num_updates):
+            for _ in range(num_micro):
+                actor.note_loss(loss)
+            assert not actor._take_nonfinite_loss()
+    return {"cause_checks_us": (time.perf_counter() - start) / num_calls * 1e6}
+
+
 def sync_probe(actor, batch) -> dict[str, Any]:
     """One extra update with the configured handler wrapped in :class:`ProbeHandler`."""
     configured = actor.update_outcome_handler
@@ -189,6 +206,7 @@ def bench_one(backend: str, dtype: str, args, device: torch.device) -> dict[str,
     handle_stats = time_handle_alone(handlers["configured"], dtype == "float16", args.handle_calls)
 
     num_updates = args.batch_size // int(actor.mini_batch_size) * int(actor.config.ppo_epochs)
+    check_stats = time_cause_checks(actor, batch, num_updates, args.handle_calls // 10)
     step_configured = common.median(timings["configured"])
     step_noop = common.median(timings["noop"])
     handle_share = handle_stats["handle_us"] * 1e-6 * num_updates / step_noop
@@ -208,6 +226,7 @@ def bench_one(backend: str, dtype: str, args, device: torch.device) -> dict[str,
         )
         - 1.0,
         "overhead_ratio_from_handle": handle_share,
+        "overhead_ratio_from_checks": check_stats["cause_checks_us"] * 1e-6 / step_noop,
         "peak_mem_mib_configured": max(peaks["configured"]) / 2**20,
         "peak_mem_mib_noop": max(peaks["noop"]) / 2**20,
         "peak_mem_method": ",".join(sorted(methods)),
@@ -215,6 +234,7 @@ def bench_one(backend: str, dtype: str, args, device: torch.device) -> dict[str,
         "py_heap_peak_kib_noop": max(py_peaks["noop"]) / 1024,
         "process_maxrss_mib": common.maxrss_kib() / 1024,
         **handle_stats,
+        **check_stats,
         **probe,
         "timings_s": timings,
     }
@@ -232,6 +252,8 @@ COLUMNS = [
     "overhead_ratio_paired",
     "handle_us",
     "overhead_ratio_from_handle",
+    "cause_checks_us",
+    "overhead_ratio_from_checks",
     "peak_mem_mib_noop",
     "peak_mem_mib_configured",
     "py_heap_peak_kib_noop",

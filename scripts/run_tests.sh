@@ -12,7 +12,7 @@ echo "== commit title"
 python tests/special_sanity/check_pr_title.py --from-git
 echo "== pytest"
 # Two pytest workers (pytest-xdist), PYTEST_WORKERS to change: much of an end-to-end test is waiting on process
-# start-up (Ray, workers, imports), so two of them overlap well even on two cores (25 min -> about 18 min, see
+# start-up (Ray, workers, imports), so two of them overlap well even on two cores (pytest 25 -> 17.5 min, see
 # docs/perf.md). Every test keeps its own temporary directories, Ray instance and ports.
 set +e
 python -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" "$@"

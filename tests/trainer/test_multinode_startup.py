@@ -70,17 +70,6 @@ def test_stop_message_names_role_rank_node_and_checkpoint(tmp_path):
     assert "set trainer.max_restarts=N" not in message
 
 
-def test_exit_code_of_a_dead_worker_is_its_own():
-    codes = [
-        main_ppo.EXIT_OK,
-        main_ppo.EXIT_POLICY_STOP,
-        main_ppo.EXIT_BAD_CONFIG,
-        main_ppo.EXIT_BAD_CHECKPOINT,
-        main_ppo.EXIT_WORKER_DIED,
-    ]
-    assert main_ppo.EXIT_WORKER_DIED == 4 and len(set(codes)) == len(codes)
-
-
 class RecordingLoader:
     """Stands in for the training loader: records the state a restart puts it back to."""
 

@@ -25,6 +25,7 @@ from verl.trainer.data_setup import build_data  # noqa: E402
 from verl.workers.config import compose_ppo_config  # noqa: E402
 from verl.workers.dp_workers import DPActorRolloutRefWorker  # noqa: E402
 from verl.workers.rollout import NaiveRollout  # noqa: E402
+from verl.workers.update_outcome import UpdateOutcomeHandler  # noqa: E402
 
 # |engine - trainer| of one token's log-prob, per dtype: fp32 differs only by summation order; fp16 by the rounding
 # of every activation in different kernels (vLLM's fused ones against torch autocast), growing through the layers.
@@ -123,7 +124,7 @@ def update_batch(worker, poisoned=False) -> DataProto:
     sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(samples))])
     samples.batch["advantages"] = sign[:, None] * samples.batch["response_mask"].float()
     if poisoned:
-        samples.batch["advantages"][:] = float("nan")  # a NaN loss: non-finite gradients, the update is skipped
+        samples.batch["advantages"][:] = float("nan")  # non-finite inputs: the update is not taken
     return samples
 
 
@@ -176,11 +177,19 @@ def gap(worker, batch) -> float:
     return (engine_log_probs(worker, batch) - trainer_log_probs(worker, batch)).abs().max().item()
 
 
+class _SkipEveryFailure(UpdateOutcomeHandler):
+    """A policy that skips whatever failed (the built-in ones stop at once on non-finite inputs)."""
+
+    def on_failure(self, outcome):
+        pass
+
+
 def test_a_skipped_update_sends_nothing(worker, monkeypatch):
     sequences = fixed_sequences()
     before = engine_log_probs(worker, sequences)
     loads = []
     monkeypatch.setattr(worker.rollout, "load_weights", lambda weights: loads.append(weights))
+    monkeypatch.setattr(worker.actor, "update_outcome_handler", _SkipEveryFailure())
     metrics = worker.update_actor(update_batch(worker, poisoned=True))
     assert metrics["actor/num_updates_successful"] == 0.0
     assert loads == [] and metrics["timing_s/weight_sync"] == 0.0
