@@ -103,3 +103,26 @@ def test_bad_dtype():
         load_hf_causal_lm(dtype=torch.int64)
     with pytest.raises(ValueError, match="floating-point torch.dtype"):
         load_hf_causal_lm(dtype="float16")
+
+
+def test_config_overrides_reach_the_config_and_the_built_model():
+    # verl's model.override_config: attributes set on the Hugging Face config before the model is built
+    assert load_hf_config(None, overrides={"rms_norm_eps": 1e-3}).rms_norm_eps == 1e-3
+    model = load_hf_causal_lm(None, config_overrides={"rms_norm_eps": 1e-3})
+    assert model.config.rms_norm_eps == 1e-3
+    assert all(layer.input_layernorm.variance_epsilon == 1e-3 for layer in model.model.layers)
+    plain = load_hf_causal_lm(None)
+    assert plain.config.rms_norm_eps != 1e-3  # the override is not the default by chance
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), plain.state_dict().values()))
+
+
+def test_an_override_of_an_attribute_the_config_lacks_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"model.override_config.rms_norm_epsilon: the model's config \(Qwen2Config\)"):
+        load_hf_config(None, overrides={"rms_norm_epsilon": 1e-3})
+
+
+def test_verls_megatron_spelling_nests_the_overrides_under_model_config():
+    config = load_hf_config(None, overrides={"model_config": {"max_position_embeddings": 96}, "rms_norm_eps": 1e-3})
+    assert (config.max_position_embeddings, config.rms_norm_eps) == (96, 1e-3)
+    with pytest.raises(ValueError, match="moe_config sets a mixture-of-experts router; MoE models are out of scope"):
+        load_hf_config(None, overrides={"moe_config": {"freeze_moe_router": True}})

@@ -43,6 +43,9 @@ BAD_VALUES = [
     ("+trainer.totl_training_steps=5", "trainer.totl_training_steps"),
     ("+foo.bar=1", "foo"),
     (f"{A}.fault_injection.ranks=[5]", f"{A}.fault_injection.ranks"),  # one worker: rank 5 never exists
+    # a Hugging Face config attribute the model lacks (a typo would otherwise change nothing)
+    ("+actor_rollout_ref.model.override_config.rms_norm_epsilon=0.1", "actor_rollout_ref.model.override_config"),
+    ("actor_rollout_ref.model.override_config=3", "actor_rollout_ref.model.override_config"),
 ]
 
 

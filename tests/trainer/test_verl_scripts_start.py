@@ -34,7 +34,6 @@ BROKEN_IN_VERL = {
 PENDING = {
     "run_gptoss_20b.sh": "fsdp_config.model_dtype (then SGLang, out of scope)",
     "run_qwen3-32b_npu.sh": "fsdp_config.mixed_precision",
-    "run_qwen3moe-30b_megatron_96gb.sh": "model.override_config",
 }
 
 

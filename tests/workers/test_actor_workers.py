@@ -154,3 +154,28 @@ def test_the_reference_compiles_as_ref_use_torch_compile_says(monkeypatch, actor
 def test_ref_use_torch_compile_follows_the_actors_unless_set():
     config = compose_ppo_config(["actor_rollout_ref.actor.use_torch_compile=true"])
     assert config.actor_rollout_ref.ref.use_torch_compile
+
+
+def test_override_config_builds_the_actor_and_the_reference_from_the_overridden_config(make_worker, strategy):
+    # verl's +actor_rollout_ref.model.override_config.<attr>: the tiny model's rms_norm_eps is 1e-6 otherwise
+    worker = make_worker(
+        "+actor_rollout_ref.model.override_config.rms_norm_eps=0.001", "actor_rollout_ref.ref.enable=true"
+    )
+    for model in (worker.actor, worker.ref):
+        config = model.model_module().config
+        eps = config.rms_norm_eps if strategy == "dp" else config.layernorm_epsilon  # megatron's TransformerConfig
+        assert eps == 1e-3, (strategy, eps)
+
+
+def test_the_critic_builds_its_value_model_from_its_own_overridden_config():
+    config = compose_ppo_config(
+        [
+            "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.actor.strategy=dp",
+            "actor_rollout_ref.actor.dtype=float32",
+            "+critic.model.override_config.rms_norm_eps=0.001",
+        ]
+    )
+    critic = worker_classes("dp")[1](config, total_training_steps=4)
+    critic.init_model()
+    assert critic.critic.model_module().backbone.config.rms_norm_eps == 1e-3

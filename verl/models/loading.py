@@ -9,7 +9,9 @@ needs no network.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,11 +58,44 @@ def load_tokenizer(path: str | Path | None = None, trust_remote_code: bool = Fal
     return tokenizer
 
 
-def load_hf_config(path: str | Path | None = None, trust_remote_code: bool = False):
-    """Load a model's ``transformers`` config (``AutoConfig``); ``None`` or ``"default"`` for the tiny model."""
+def load_hf_config(
+    path: str | Path | None = None, trust_remote_code: bool = False, overrides: Mapping[str, Any] | None = None
+):
+    """Load a model's ``transformers`` config (``AutoConfig``); ``None`` or ``"default"`` for the tiny model.
+
+    Args:
+        overrides: attributes to set on it (verl's ``model.override_config``, e.g. ``{"attention_dropout": 0.0}``);
+            see :func:`apply_config_overrides`.
+    """
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    config = AutoConfig.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    return apply_config_overrides(config, overrides)
+
+
+def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, key: str = "model.override_config"):
+    """Set each entry of ``overrides`` on the Hugging Face ``config`` (in place; returned).
+
+    Both of verl's spellings are taken: the flat one of its FSDP workers (``override_config.attention_dropout``) and
+    the nested one of its megatron workers (``override_config.model_config.max_position_embeddings``).
+
+    Raises:
+        ValueError: an entry names an attribute the config does not have (a typo would otherwise change nothing), or
+            verl's ``moe_config`` (MoE models are out of scope here).
+    """
+    overrides = dict(overrides or {})
+    if "moe_config" in overrides:
+        raise ValueError(f"{key}.moe_config sets a mixture-of-experts router; MoE models are out of scope here.")
+    if "model_config" in overrides and not hasattr(config, "model_config"):
+        overrides = {**overrides.pop("model_config"), **overrides}  # verl's megatron form
+    for name, value in overrides.items():
+        if not hasattr(config, name):
+            raise ValueError(
+                f"{key}.{name}: the model's config ({type(config).__name__}) has no attribute {name!r}, so the "
+                "override would change nothing. Check the name against the model's config.json."
+            )
+        setattr(config, name, value)
+    return config
 
 
 def load_hf_causal_lm(
@@ -69,6 +104,7 @@ def load_hf_causal_lm(
     device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
 ):
     """Load a causal LM (``AutoModelForCausalLM``) in ``dtype`` on ``device``, in eval mode.
 
@@ -78,6 +114,7 @@ def load_hf_causal_lm(
         device: where to put the parameters.
         trust_remote_code: forwarded to ``from_pretrained``.
         attn_implementation: e.g. ``"eager"`` or ``"sdpa"``; ``None`` lets transformers choose.
+        config_overrides: attributes set on the model's config before the model is built (``model.override_config``).
 
     Raises:
         ValueError: ``dtype`` is not a floating-point ``torch.dtype``.
@@ -89,5 +126,7 @@ def load_hf_causal_lm(
     kwargs = {"dtype": dtype, "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if config_overrides:
+        kwargs["config"] = load_hf_config(path, trust_remote_code, config_overrides)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(path), **kwargs)
     return model.to(device).eval()

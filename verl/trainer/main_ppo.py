@@ -88,8 +88,9 @@ def total_steps(config: PPOConfig, num_train_prompts: int) -> int:
 
 
 def check_model_path(config: PPOConfig) -> None:
-    """The model (and tokenizer) directory must load as a Hugging Face config, checked before Ray starts."""
-    from verl.models.loading import load_hf_config
+    """The model (and tokenizer) directory must load as a Hugging Face config, and its ``override_config`` name
+    attributes of that config; checked before Ray starts."""
+    from verl.models.loading import apply_config_overrides, load_hf_config
 
     models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model)]
     if config.needs_critic:
@@ -97,13 +98,14 @@ def check_model_path(config: PPOConfig) -> None:
     for key, model in models:
         path = model.path
         try:
-            load_hf_config(path, model.trust_remote_code)
+            hf_config = load_hf_config(path, model.trust_remote_code)
         except Exception as err:  # whatever transformers raises for a bad path, the user needs the key and the value
             first_line = str(err).splitlines()[0] if str(err) else ""
             raise ValueError(
                 f"{key}={path!r} does not load as a Hugging Face model ({type(err).__name__}: {first_line}). Point "
                 f"it at a model directory with config.json, or use 'default' for the embedded tiny model."
             ) from None
+        apply_config_overrides(hf_config, model.override_config, key.replace(".path", ".override_config"))
 
 
 def check_resume_path(config: PPOConfig) -> None:

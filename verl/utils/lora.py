@@ -127,7 +127,7 @@ def check_lora_targets(model_config: Any, *, key: str = KEY) -> int:
 
     from verl.models.loading import load_hf_config
 
-    hf_config = load_hf_config(model_config.path, model_config.trust_remote_code)
+    hf_config = load_hf_config(model_config.path, model_config.trust_remote_code, model_config.override_config)
     with torch.device("meta"):
         module = AutoModelForCausalLM.from_config(hf_config)
     if getattr(model_config, "lora_adapter_path", None):

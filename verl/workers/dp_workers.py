@@ -24,7 +24,11 @@ class DPActorRolloutRefWorker(ActorRolloutRefWorker):
 
         model_config = self.config.actor_rollout_ref.model
         module = load_hf_causal_lm(
-            model_config.path, dtype=torch.float32, device=device, trust_remote_code=model_config.trust_remote_code
+            model_config.path,
+            dtype=torch.float32,
+            device=device,
+            trust_remote_code=model_config.trust_remote_code,
+            config_overrides=model_config.override_config,
         )
         if model_config.use_onednn_linear:
             use_onednn_linear(module, device)

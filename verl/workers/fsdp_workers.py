@@ -93,7 +93,11 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
         arr = self.config.actor_rollout_ref
         # in CPU memory: fully_shard moves only this rank's shards to the device
         module = load_hf_causal_lm(
-            arr.model.path, dtype=torch.float32, device="cpu", trust_remote_code=arr.model.trust_remote_code
+            arr.model.path,
+            dtype=torch.float32,
+            device="cpu",
+            trust_remote_code=arr.model.trust_remote_code,
+            config_overrides=arr.model.override_config,
         )
         if arr.model.use_onednn_linear:
             use_onednn_linear(module, device)

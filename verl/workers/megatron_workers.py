@@ -26,10 +26,17 @@ from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _proce
 from verl.workers.config import ActorConfig, CriticConfig
 
 
-def _load_hf(path: str, trust_remote_code: bool):
+def _load_hf(model_config):
+    """The Hugging Face model of ``actor_rollout_ref.model`` or ``critic.model``, in fp32 on the CPU."""
     from verl.models.loading import load_hf_causal_lm
 
-    return load_hf_causal_lm(path, dtype=torch.float32, device="cpu", trust_remote_code=trust_remote_code)
+    return load_hf_causal_lm(
+        model_config.path,
+        dtype=torch.float32,
+        device="cpu",
+        trust_remote_code=model_config.trust_remote_code,
+        config_overrides=model_config.override_config,
+    )
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -108,7 +115,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             # the reference's own megatron section: its layout follows the actor's, its offload and checkpoint its own
             actor_config = actor_config.replace(megatron=self.config.actor_rollout_ref.ref.megatron)
         model_config = self.config.actor_rollout_ref.model
-        hf_model = _load_hf(model_config.path, model_config.trust_remote_code)
+        hf_model = _load_hf(model_config)
         return build_megatron_actor(
             hf_model.config,
             actor_config,
@@ -128,7 +135,9 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
         if getattr(self, "_hf_config", None) is None:
             model_config = self.config.actor_rollout_ref.model
-            self._hf_config = load_hf_config(model_config.path, model_config.trust_remote_code)
+            self._hf_config = load_hf_config(
+                model_config.path, model_config.trust_remote_code, model_config.override_config
+            )
         return iter_hf_weights(self.actor.model_module(), self._hf_config)
 
 
@@ -138,7 +147,7 @@ class MegatronCriticWorker(CriticWorker):
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.megatron_critic import build_megatron_critic
 
-        hf_model = _load_hf(critic_config.model.path, critic_config.model.trust_remote_code)
+        hf_model = _load_hf(critic_config.model)
         return build_megatron_critic(
             hf_model.config,
             critic_config,

@@ -76,6 +76,13 @@ def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
     )
 
 
+def test_the_engine_builds_the_model_from_the_trainers_overridden_config(model_dir):
+    plain = engine_kwargs(vllm_config(model=model_dir), seed=0, device="cpu")
+    assert "hf_overrides" not in plain
+    config = vllm_config("+actor_rollout_ref.model.override_config.rms_norm_eps=0.001", model=model_dir)
+    assert engine_kwargs(config, seed=0, device="cpu")["hf_overrides"] == {"rms_norm_eps": 0.001}
+
+
 @pytest.mark.parametrize(
     "overrides, mode",
     [

@@ -66,6 +66,17 @@ class FusedKernelOptionsConfig(BaseConfig):
     impl_backend: Literal["torch", "triton"]
 
 
+def check_override_config(model: Any) -> None:
+    """``override_config`` must be a mapping of config attribute names (checked against the model's config when
+    the model path is checked, :func:`verl.trainer.main_ppo.check_model_path`)."""
+    if not isinstance(model.override_config, Mapping):
+        raise FieldError(
+            "override_config",
+            f"must be a mapping of Hugging Face config attributes to values (e.g. {{attention_dropout: 0.0}}), got "
+            f"{model.override_config!r}.",
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig(BaseConfig):
     """``actor_rollout_ref.model``: where the weights and the tokenizer come from."""
@@ -80,6 +91,8 @@ class ModelConfig(BaseConfig):
     use_fused_kernels: bool
     fused_kernel_options: FusedKernelOptionsConfig
     trust_remote_code: bool
+    # verl's Hugging Face config overrides (attribute -> value), set on the model's config wherever it is loaded
+    override_config: Any
     use_shm: bool
     # LoRA through peft (docs/advance/lora.md); the rules that read other sections: verl.workers.config.lora
     lora_rank: int
@@ -93,6 +106,7 @@ class ModelConfig(BaseConfig):
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
         refuse_unavailable(self, "use_shm", "copying the model to shared memory (/dev/shm) before loading it")
+        check_override_config(self)
         check_lora_fields(self)
 
     @property
@@ -140,6 +154,7 @@ class CriticModelConfig(BaseConfig):
     use_onednn_linear: bool
     fsdp_config: FSDPConfig
     trust_remote_code: bool
+    override_config: Any
     lora_rank: int
     lora_alpha: float
     target_modules: str | list[str]
@@ -147,6 +162,7 @@ class CriticModelConfig(BaseConfig):
     def check(self) -> None:
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
+        check_override_config(self)
         check_int(self, "lora_rank", 0)
         check_number(self, "lora_alpha", 0, exclusive_min=True)
 

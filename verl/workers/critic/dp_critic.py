@@ -56,6 +56,7 @@ class ValueModel(torch.nn.Module):
         head_init_std: float = DEFAULT_HEAD_INIT_STD,
         seed: int = 1,
         trust_remote_code: bool = False,
+        config_overrides: Any = None,
         lora: Any = None,
     ) -> ValueModel:
         """A value model on the backbone of a causal LM (a path, ``None``/"default" for the tiny model, or a module).
@@ -73,7 +74,11 @@ class ValueModel(torch.nn.Module):
             from verl.models.loading import load_hf_causal_lm
 
             lm = load_hf_causal_lm(
-                path_or_model, dtype=torch.float32, device=device, trust_remote_code=trust_remote_code
+                path_or_model,
+                dtype=torch.float32,
+                device=device,
+                trust_remote_code=trust_remote_code,
+                config_overrides=config_overrides,
             )
         hidden_size = getattr(getattr(lm, "config", None), "hidden_size", None)
         if hidden_size is None:
@@ -172,6 +177,7 @@ def build_dp_critic(
             device=device,
             seed=critic_config.seed,
             trust_remote_code=critic_config.model.trust_remote_code,
+            config_overrides=critic_config.model.override_config,
             lora=critic_config.model,
         )
     if critic_config.model.use_onednn_linear:

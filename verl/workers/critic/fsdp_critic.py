@@ -76,6 +76,7 @@ def build_fsdp_critic(
             device="cpu",
             seed=critic_config.seed,
             trust_remote_code=critic_config.model.trust_remote_code,
+            config_overrides=critic_config.model.override_config,
             lora=critic_config.model,
         )
     if critic_config.model.enable_gradient_checkpointing:

@@ -175,6 +175,9 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
         "disable_log_stats": rollout.disable_log_stats,
         "load_format": rollout.load_format,
     }
+    if arr.model.override_config:
+        # the engine builds the model from the same config as the trainer (actor_rollout_ref.model.override_config)
+        kwargs["hf_overrides"] = dict(arr.model.override_config)
     if rollout.cudagraph_capture_sizes is not None:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": list(rollout.cudagraph_capture_sizes)}
     if rollout.tensor_model_parallel_size > 1:
@@ -289,7 +292,7 @@ def check_vllm_config(config: PPOConfig) -> None:
     from verl.models.loading import load_hf_config
 
     model = config.actor_rollout_ref.model
-    hf_config = load_hf_config(model.path, model.trust_remote_code)
+    hf_config = load_hf_config(model.path, model.trust_remote_code, model.override_config)
     if device == "cpu":
         head_dim = _head_dim(hf_config)
         if head_dim not in CPU_HEAD_SIZES:
