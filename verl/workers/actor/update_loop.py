@@ -293,11 +293,12 @@ class UpdateLoop(ABC):
             raise ValueError(f"{self.role}: this model is frozen (built without an optimizer); it cannot train.")
         temperature = self._update_temperature(data)
         read_keys = self._update_batch_keys(data)
+        metrics = StepMetrics()
         nonfinite_inputs = self._nonfinite_inputs(data, read_keys)
-        if nonfinite_inputs:
-            return self._skip_update(
-                self._failed_outcome(FailureCause.NONFINITE_INPUTS, nonfinite_inputs=nonfinite_inputs)
-            )
+        if nonfinite_inputs:  # nothing is computed: one failed update, handled as any other
+            outcome = self._failed_outcome(FailureCause.NONFINITE_INPUTS, nonfinite_inputs=nonfinite_inputs)
+            self._handle(outcome, metrics)
+            return self._step_metrics(metrics, num_successful=0)
         data = data.select(batch_keys=read_keys)
         if len(data) % self.mini_batch_size:
             raise ValueError(
@@ -305,10 +306,6 @@ class UpdateLoop(ABC):
                 f"{self.mini_batch_size}; make the batch a multiple of the mini-batch size."
             )
         seed = self.config.seed + self.num_update_steps if self.config.shuffle else None
-        metrics = StepMetrics()
-        handler_reductions = {
-            f"{self.role}/{name}": how for name, how in self.update_outcome_handler.metric_reductions().items()
-        }
         num_successful = 0
         for mini in data.make_iterator(self.mini_batch_size, self.config.ppo_epochs, seed=seed):
             self.current_mini_batch = mini  # what a role's loss may weigh its terms against (see the actor's)
@@ -317,28 +314,25 @@ class UpdateLoop(ABC):
                     metrics.add(micro_metrics)
             finally:
                 self.current_mini_batch = None
-            outcome = self._optimizer_step()
-            metrics.add(self.update_outcome_handler.handle(outcome), handler_reductions)
-            if outcome.successful:
-                num_successful += 1
-                metrics.add({f"{self.role}/grad_norm": outcome.grad_norm})
+            num_successful += self._handle(self._optimizer_step(), metrics)
         if num_successful and self.lr_scheduler is not None:
             self.lr_scheduler.step()  # a step in which no update succeeded does not advance the schedule
-        reduced = metrics.reduce()
-        reduced[f"{self.role}/num_updates_successful"] = float(num_successful)
-        reduced[f"{self.role}/num_updates_attempted"] = float(self.num_update_steps)
-        reduced[f"{self.role}/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        return reduced
+        return self._step_metrics(metrics, num_successful)
 
-    def _skip_update(self, outcome: UpdateOutcome) -> dict[str, float]:
-        """The metrics of an update skipped as a whole (nothing computed), after the handler has seen its outcome."""
-        metrics = StepMetrics()
-        handler_reductions = {
+    def _handle(self, outcome: UpdateOutcome, metrics: StepMetrics) -> bool:
+        """Hand ``outcome`` to the policy (which may raise) and add its metrics; returns whether it succeeded."""
+        reductions = {
             f"{self.role}/{name}": how for name, how in self.update_outcome_handler.metric_reductions().items()
         }
-        metrics.add(self.update_outcome_handler.handle(outcome), handler_reductions)
+        metrics.add(self.update_outcome_handler.handle(outcome), reductions)
+        if outcome.successful:
+            metrics.add({f"{self.role}/grad_norm": outcome.grad_norm})
+        return outcome.successful
+
+    def _step_metrics(self, metrics: StepMetrics, num_successful: int) -> dict[str, float]:
+        """The step's metrics, reduced over its updates, with the update counts and the learning rate."""
         reduced = metrics.reduce()
-        reduced[f"{self.role}/num_updates_successful"] = 0.0
+        reduced[f"{self.role}/num_updates_successful"] = float(num_successful)
         reduced[f"{self.role}/num_updates_attempted"] = float(self.num_update_steps)
         reduced[f"{self.role}/lr"] = float(self.optimizer.param_groups[0]["lr"])
         return reduced
