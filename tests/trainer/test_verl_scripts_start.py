@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.verl_scripts.harness import load_scripts, start_up_check, write_inputs
 
-MIN_PASSING = 40
+MIN_PASSING = 41
 # The out-of-scope features a refusal may name (a regex each).
 OUT_OF_SCOPE = {
     "SGLang": r"SGLang",
@@ -20,7 +20,6 @@ OUT_OF_SCOPE = {
     "profilers": r"profil",
     "multimodal": r"multimodal|vision",
     "sandbox services": r"sandbox",
-    "shared-memory model copy": r"/dev/shm",
     "mixture-of-experts models": r"mixture-of-experts",
 }
 # What this machine lacks: a CUDA-only path (the harness keeps trainer.device=cpu) is refused at start-up.
@@ -32,8 +31,9 @@ BROKEN_IN_VERL = {
 }
 # Blockers other work owns: these may fail with any message until it lands.
 PENDING = {
-    "run_gptoss_20b.sh": "fsdp_config.model_dtype (then SGLang, out of scope)",
-    "run_qwen3-32b_npu.sh": "fsdp_config.mixed_precision",
+    # verl's FSDP workers turn LoRA on from lora_adapter_path alone (rank and targets from the adapter); here
+    # lora_rank must be > 0, and the harness writes no adapter for the script's path (its use_shm works)
+    "run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh": "model.lora_adapter_path without model.lora_rank",
 }
 
 

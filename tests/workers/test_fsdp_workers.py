@@ -1,6 +1,9 @@
 """The fsdp2 workers outside a worker group (rank 0 of 1): what init_model builds, the refused hf rollout, the
-sampler's stop agreement over the actor's group, and a checkpoint written and read back by every rank (here the
-one)."""
+sampler's stop agreement over the actor's group, a checkpoint written and read back by every rank (here the one),
+verl's fsdp_config precision keys (model_dtype, mixed_precision) and its shared-memory model copy (model.use_shm)."""
+
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +137,161 @@ def test_cpu_linear_layers_run_on_onednn_unless_switched_off():
     assert linear_types(off.actor.model_module()) == {torch.nn.Linear}
     critic_off = make_worker("algorithm.adv_estimator=gae", "critic.model.use_onednn_linear=false", role=1)
     assert linear_types(critic_off.critic.critic_module) == {torch.nn.Linear}
+
+
+# ------------------------------------------------------------------ verl's fsdp_config.model_dtype / mixed_precision
+
+ACTOR_FSDP, REF_FSDP = "actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config"
+
+
+def local_dtypes(module):
+    return {p.to_local().dtype if hasattr(p, "to_local") else p.dtype for p in module.parameters()}
+
+
+def test_model_dtype_loads_and_shards_each_model_in_its_dtype():
+    worker = make_worker(
+        "actor_rollout_ref.actor.dtype=bfloat16",
+        f"{ACTOR_FSDP}.model_dtype=bf16",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"{REF_FSDP}.model_dtype=float16",
+    )
+    # bf16 master shards for the bf16 actor, fp16 ones for the frozen reference; the rotary frequencies (buffers)
+    # stay fp32, buffer_dtype's default
+    assert local_dtypes(worker.actor.model_module()) == {torch.bfloat16}
+    assert local_dtypes(worker.ref.model_module()) == {torch.float16}
+    for module in (worker.actor.model_module(), worker.ref.model_module()):
+        assert {b.dtype for b in module.buffers()} == {torch.float32}
+    assert worker.actor.optimizer.get_loss_scale() is None  # bf16 training: no loss scale
+
+
+def test_an_fp16_kept_reference_gives_the_untrained_fp16_actors_log_probs_and_a_bf16_kept_one_does_not():
+    # dtype float16 (the default): the actor gathers its fp32 shards as fp16 for every forward; a reference kept in
+    # fp16 holds exactly those fp16 values, so its forward is the same computation, bit for bit. Kept in bf16, its
+    # weights are rounded to 8 bits of mantissa first (then cast to fp16 for the gather): other numbers.
+    from verl.trainer.data_setup import build_data
+
+    for model_dtype, equal in (("fp16", True), ("bf16", False)):
+        worker = make_worker("actor_rollout_ref.actor.use_kl_loss=true", f"{REF_FSDP}.model_dtype={model_dtype}")
+        samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+        ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
+        actor = worker.compute_log_prob(samples).batch["old_log_probs"]
+        assert torch.equal(ref, actor) is equal, model_dtype
+
+
+def test_mixed_precision_sets_the_dtypes_fsdp2_gathers_and_reduces_in(caplog):
+    # verl's run_qwen3-32b_npu.sh keys on the fp16 default: fp32 shards, gathered in bf16, reduced in bf16 (FSDP2
+    # keeps reduce_dtype None when it equals the gather dtype: the gradients are reduced as computed, in bf16)
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="verl.workers.actor.fsdp_actor"):
+        worker = make_worker(
+            f"+{ACTOR_FSDP}.mixed_precision.param_dtype=bf16",
+            f"+{ACTOR_FSDP}.mixed_precision.reduce_dtype=bf16",
+            f"+{ACTOR_FSDP}.mixed_precision.buffer_dtype=fp32",
+        )
+    assert "rounded to bf16 before each fp16 forward" in caplog.text
+    module = worker.actor.model_module()
+    # the weights a layer computes with are the bf16 gathered ones
+    seen = []
+    handle = module.model.layers[0].self_attn.q_proj.register_forward_pre_hook(
+        lambda layer, args: seen.append(layer.weight.dtype)
+    )
+    from verl.trainer.data_setup import build_data
+
+    worker.compute_log_prob(worker.generate_sequences(next(build_data(worker.config, 1).train_loader)))
+    handle.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    # FSDP2's own record, set at the first forward
+    fsdp_param = module.model.layers[0]._get_fsdp_state()._fsdp_param_group.fsdp_params[0]
+    assert (fsdp_param.orig_dtype, fsdp_param.param_dtype, fsdp_param.reduce_dtype) == (
+        torch.float32,
+        torch.bfloat16,
+        None,
+    )
+
+
+def test_buffer_dtype_casts_the_rotary_frequencies():
+    worker = make_worker(f"{ACTOR_FSDP}.mixed_precision.buffer_dtype=bf16")
+    assert {b.dtype for b in worker.actor.model_module().buffers()} == {torch.bfloat16}
+
+
+def test_the_critic_keeps_bf16_master_weights_with_its_bf16_dtype():
+    worker = make_worker(
+        "algorithm.adv_estimator=gae",
+        "critic.dtype=bfloat16",
+        "critic.model.fsdp_config.model_dtype=bf16",
+        role=1,
+    )
+    # the backbone and the fresh value head alike
+    assert local_dtypes(worker.critic.critic_module) == {torch.bfloat16}
+
+
+# ------------------------------------------------------------------ verl's model.use_shm
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    """The workers' /dev/shm, here a directory of the test's own (copies are released after the test)."""
+    from verl.utils import fs
+
+    monkeypatch.setattr(fs, "SHM_DIR", str(tmp_path))
+    yield tmp_path / fs.COPIES_DIR
+    fs.release_shm_copies()
+
+
+def saved_adapter(directory):
+    """A peft adapter (rank 4) for the embedded model, with non-zero B matrices so that it changes the model."""
+    from peft import get_peft_model
+
+    from verl.models.loading import load_hf_causal_lm
+    from verl.utils.lora import lora_config
+    from verl.workers.config import ModelConfig, load_section
+
+    peft_model = get_peft_model(load_hf_causal_lm(None), lora_config(load_section(ModelConfig, {"lora_rank": 4})))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.1)
+    peft_model.save_pretrained(directory)
+    return {k: v for k, v in peft_model.state_dict().items() if "lora_" in k}
+
+
+def test_use_shm_loads_model_tokenizer_and_adapter_from_one_copy_per_node(shm_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from verl.models.loading import resolve_model_path
+    from verl.utils import fs
+
+    adapter = saved_adapter(tmp_path / "adapter")
+    overrides = (
+        "actor_rollout_ref.model.use_shm=true",
+        "actor_rollout_ref.actor.dtype=float32",
+        "actor_rollout_ref.model.lora_rank=4",
+        f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}",
+    )
+    worker = make_worker(*overrides)
+    model = worker.config.actor_rollout_ref.model
+    copies = sorted(p.name for p in shm_dir.iterdir() if p.is_dir())
+    # two copies (the model with its tokenizer, the adapter), both where the worker now reads them
+    assert len(copies) == 2 and {Path(model.path).name, Path(model.lora_adapter_path).name} == set(copies)
+    assert Path(model.path).parent == shm_dir
+    assert (
+        load_file(Path(model.path) / "model.safetensors").keys()
+        == load_file(Path(resolve_model_path("default")) / "model.safetensors").keys()
+    )
+    # the actor started from the copied adapter: its (non-zero) B matrices are the saved ones
+    lora = {k: v.full_tensor() for k, v in worker.actor.model_module().state_dict().items() if "lora_B" in k}
+    saved = {k.removeprefix("base_model.model."): v for k, v in adapter.items() if "lora_B" in k}
+    assert lora.keys() == saved.keys() and len(lora) == 2 * 7  # B of the 7 linear layers of each of 2 layers
+    assert all(torch.equal(lora[k], saved[k]) for k in lora)
+    # another worker in this process loads the same copy, not copied again (other processes: tests/utils/test_fs.py)
+    inode = (Path(model.path) / "model.safetensors").stat().st_ino
+    again = make_worker(*overrides)
+    assert again.config.actor_rollout_ref.model.path == model.path
+    assert (Path(model.path) / "model.safetensors").stat().st_ino == inode
+    fs.release_shm_copies()  # the process's end: no one else uses them, so they go (or their removers take them)
+    deadline = time.monotonic() + 30
+    while list(shm_dir.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(shm_dir.iterdir()) == []

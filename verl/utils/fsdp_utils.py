@@ -2,10 +2,12 @@
 
 :func:`shard_model` is the one place the ``fsdp2`` backend (alias ``fsdp``) shards a module: each wrap unit (by
 default the model's decoder layers, as Hugging Face lists them in ``_no_split_modules``) gets its own
-``fully_shard``, then the root does. The fp32 parameters become ``DTensor`` shards (``Shard(0)`` over a 1-D
-device mesh), so every rank keeps 1/N of the master weights, and of the gradients and optimizer state built on
-them. Compute runs in the training dtype through FSDP2's ``MixedPrecisionPolicy`` (``param_dtype`` fp16/bf16,
-``reduce_dtype`` fp32: gradients are reduce-scattered in fp32), or in fp32 without a policy.
+``fully_shard``, then the root does. The parameters (fp32, or verl's ``fsdp_config.model_dtype``) become
+``DTensor`` shards (``Shard(0)`` over a 1-D device mesh), so every rank keeps 1/N of the master weights, and of the
+gradients and optimizer state built on them. Compute runs in the training dtype through FSDP2's
+``MixedPrecisionPolicy`` (``param_dtype`` fp16/bf16, ``reduce_dtype`` fp32: gradients are reduce-scattered in
+fp32), or in fp32 without a policy; verl's ``fsdp_config.mixed_precision`` changes the gather and reduce dtypes
+(:func:`mixed_precision_policy`, :mod:`verl.workers.config.precision`).
 
 :func:`full_state_dict` gathers the whole weights onto rank 0 (for the Hugging Face export and ``model.safetensors``);
 :func:`local_numel` says how much of a parameter a rank holds.
@@ -39,12 +41,43 @@ def device_mesh(device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (dist.get_world_size(),))
 
 
-def mixed_precision_policy(dtype: torch.dtype) -> MixedPrecisionPolicy:
-    """fp16/bf16 compute over fp32 master shards with fp32 gradient reduction; fp32: no casts at all."""
-    if dtype == torch.float32:
+def mixed_precision_policy(
+    dtype: torch.dtype, *, param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype = torch.float32
+) -> MixedPrecisionPolicy:
+    """The FSDP2 policy of a model computing in ``dtype``: the weights gathered in ``param_dtype`` (None: ``dtype``),
+    the gradients reduce-scattered in ``reduce_dtype``. fp16/bf16 over fp32 shards with the defaults: fp32
+    gradient reduction; fp32 throughout: no casts at all. FSDP2 skips a cast to the dtype a shard already has."""
+    param_dtype = dtype if param_dtype is None else param_dtype
+    if param_dtype == reduce_dtype == torch.float32:
         return MixedPrecisionPolicy()
-    # reduce in fp32: averaging fp16 gradients over ranks would round (and could overflow) a second time
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    # reduce in fp32 by default: averaging fp16 gradients over ranks would round (and could overflow) a second time
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def cast_floating_parameters(module: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Cast every floating-point parameter of ``module`` to ``dtype`` in place (buffers stay as they are: the rotary
+    frequencies of a model loaded in bf16 keep their fp32); returns how many changed. Tied parameters are one
+    object, cast once. Before sharding: the shards then hold this dtype (verl's ``fsdp_config.model_dtype``)."""
+    changed = 0
+    with torch.no_grad():
+        for param in module.parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+                changed += 1
+    return changed
+
+
+def cast_floating_buffers(module: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Cast every floating-point buffer of ``module`` (rotary frequencies, say) to ``dtype`` in place; returns how
+    many changed. FSDP2 leaves buffers whole on every rank and casts none of them: this is what verl's
+    ``mixed_precision.buffer_dtype`` means here."""
+    changed = 0
+    for sub in module.modules():
+        for name, buffer in list(sub.named_buffers(recurse=False)):
+            if buffer is not None and buffer.is_floating_point() and buffer.dtype != dtype:
+                sub._buffers[name] = buffer.to(dtype)
+                changed += 1
+    return changed
 
 
 def offload_policy(param_offload: bool, device_type: str, key: str) -> OffloadPolicy:
@@ -105,11 +138,13 @@ def shard_model(
     wrap_class_names: Iterable[str] | None,
     key: str,
     forward_prefetch: bool = False,
+    mp_policy: MixedPrecisionPolicy | None = None,
 ) -> FSDPModule:
     """Shard ``module`` in place with FSDP2: each wrap unit, then the root.
 
     Args:
-        module: the fp32 model, on the CPU or on the mesh's device (FSDP2 moves the shards to the mesh device).
+        module: the model (fp32 unless ``fsdp_config.model_dtype`` says otherwise), on the CPU or on the mesh's
+            device (FSDP2 moves the shards to the mesh device); its shards keep its parameters' dtype.
         mesh: the 1-D data-parallel mesh (:func:`device_mesh`).
         dtype: the compute dtype (fp16/bf16 through the mixed-precision policy, or fp32).
         reshard_after_forward: free the gathered parameters after each unit's forward (re-gathered in backward).
@@ -118,13 +153,15 @@ def shard_model(
         key: the model's ``fsdp_config`` key, for messages.
         forward_prefetch: each wrap unit issues the next unit's all-gather before its own forward runs (FSDP2's
             explicit prefetch; verl's ``fsdp_config.forward_prefetch``), so the gather overlaps the compute.
+        mp_policy: the mixed-precision policy (verl's ``fsdp_config.mixed_precision``); None:
+            :func:`mixed_precision_policy` of ``dtype``.
 
     Returns:
         The same module, now an ``FSDPModule`` whose parameters are ``DTensor`` shards.
     """
     kwargs = {
         "mesh": mesh,
-        "mp_policy": mixed_precision_policy(dtype),
+        "mp_policy": mixed_precision_policy(dtype) if mp_policy is None else mp_policy,
         "reshard_after_forward": reshard_after_forward,
         "offload_policy": offload_policy(param_offload, mesh.device_type, key),
     }
@@ -142,10 +179,11 @@ def _shard(module: torch.nn.Module, units: list[torch.nn.Module], kwargs: dict) 
         fully_shard(unit, **kwargs)
     fully_shard(module, **kwargs)
     logger.info(
-        "FSDP2: %d wrap units + root over %d rank(s), compute %s, reshard_after_forward=%s",
+        "FSDP2: %d wrap units + root over %d rank(s), gathered in %s, reduced in %s, reshard_after_forward=%s",
         len(units),
         kwargs["mesh"].size(),
-        kwargs["mp_policy"].param_dtype or torch.float32,
+        kwargs["mp_policy"].param_dtype or "the shards' dtype",
+        kwargs["mp_policy"].reduce_dtype or "the gathered dtype",
         kwargs["reshard_after_forward"],
     )
     return module

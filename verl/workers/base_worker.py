@@ -61,6 +61,25 @@ def setup_worker_process(worker: Worker) -> str:
     return choose_device(worker.config)
 
 
+def with_model_copies_in_shm(config: PPOConfig) -> PPOConfig:
+    """``config`` with ``actor_rollout_ref.model``'s ``path``, ``tokenizer_path`` and ``lora_adapter_path`` pointing
+    at their copies in shared memory (verl's ``model.use_shm``; :func:`verl.utils.fs.copy_to_shm`: one copy per node,
+    reused by every worker there, held while this process lives). Everything the worker loads from the model's
+    directories (actor, reference, rollout engine, tokenizer, the tokenizer a checkpoint's export gets) then reads
+    the copies; the critic reads ``critic.model.path`` where it is."""
+    from verl.models.loading import resolve_model_path
+    from verl.utils.fs import copy_to_shm
+
+    arr = config.actor_rollout_ref
+    model = arr.model
+    changes = {"path": copy_to_shm(resolve_model_path(model.path))}
+    if model.tokenizer_path:
+        changes["tokenizer_path"] = copy_to_shm(resolve_model_path(model.tokenizer_path))
+    if model.lora_adapter_path:
+        changes["lora_adapter_path"] = copy_to_shm(model.lora_adapter_path)
+    return config.replace(actor_rollout_ref=arr.replace(model=model.replace(**changes)))
+
+
 def _process_group():
     return dist.group.WORLD if dist.is_initialized() else None
 
@@ -170,9 +189,11 @@ class ActorRolloutRefWorker(_ModelWorker):
         from verl.models.loading import load_tokenizer
         from verl.workers.rollout import get_rollout_cls
 
+        device = setup_worker_process(self)
+        if self.config.actor_rollout_ref.model.use_shm:
+            self.config = with_model_copies_in_shm(self.config)
         cfg = self.config
         arr = cfg.actor_rollout_ref
-        device = setup_worker_process(self)
         torch.manual_seed(arr.actor.seed)
         actor_config = arr.actor.per_rank(arr.rollout.n, self._dp_size())
         self.actor = self._build_actor(actor_config, device, trainable=True)

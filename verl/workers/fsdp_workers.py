@@ -89,12 +89,16 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> FSDPPPOActor:
         from verl.models.loading import load_hf_causal_lm
         from verl.utils.cpu_linear import use_onednn_linear
+        from verl.workers.actor.update_loop import TORCH_DTYPES
+        from verl.workers.config.precision import model_dtype_of
 
         arr = self.config.actor_rollout_ref
-        # in CPU memory: fully_shard moves only this rank's shards to the device
+        fsdp_config = actor_config.fsdp_config if trainable else arr.ref.fsdp_config
+        # in CPU memory, in verl's model_dtype (the shards keep it): fully_shard moves only this rank's shards to the
+        # device; build_fsdp_actor checks it against the compute dtype
         module = load_hf_causal_lm(
             arr.model.path,
-            dtype=torch.float32,
+            dtype=TORCH_DTYPES[model_dtype_of(fsdp_config)],
             device="cpu",
             trust_remote_code=arr.model.trust_remote_code,
             config_overrides=arr.model.override_config,
@@ -113,7 +117,7 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
             mesh=self._device_mesh(device),
             total_training_steps=self.total_training_steps,
             trainable=trainable,
-            fsdp_config=actor_config.fsdp_config if trainable else arr.ref.fsdp_config,
+            fsdp_config=fsdp_config,
             enable_gradient_checkpointing=trainable and arr.model.enable_gradient_checkpointing,
             use_remove_padding=arr.model.use_remove_padding,
             rank=self.rank,

@@ -287,3 +287,29 @@ def test_one_rank_decoding_runs_the_lean_step_on_the_shards_and_matches_dp():
         torch.testing.assert_close(decoder.decode(tokens, mask, position), reference.decode(tokens, mask, position))
     decoder.release()
     assert all(p.is_meta for p in decoder.plain.parameters())  # the view lets the shards go between calls
+
+
+def test_bf16_master_weights_train_as_bf16_shards_with_bf16_adam_state():
+    # verl's fsdp_config.model_dtype=bf16 with dtype=bfloat16: the shards the optimizer updates are bf16, so are
+    # their gradients (reduced in fp32, then cast to the shards' dtype) and AdamW's moments; no loss scale
+    actor = make_fsdp_actor(dtype="bfloat16", fsdp_config={"model_dtype": "bf16"})  # an fp32 module, cast
+    assert {p.to_local().dtype for p in actor.actor_module.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in actor.actor_module.buffers()} == {torch.float32}  # buffer_dtype's default
+    batch = with_old_log_probs(actor)
+    before = full_weights(actor.actor_module)
+    metrics = actor.update_policy(batch)
+    assert metrics["actor/update_failed"] == 0.0 and actor.optimizer.get_loss_scale() is None
+    assert {p.to_local().dtype for p in actor.actor_module.parameters()} == {torch.bfloat16}
+    assert {p.grad.to_local().dtype for p in actor.actor_module.parameters()} == {torch.bfloat16}
+    moments = [s["exp_avg"] for s in actor.optimizer.optimizer.state.values()]
+    assert len(moments) == len(list(actor.actor_module.parameters())) and {m.dtype for m in moments} == {torch.bfloat16}
+    after = full_weights(actor.actor_module)
+    assert not torch.equal(before["model.norm.weight"], after["model.norm.weight"])  # lr 1e-2 moved them
+
+
+def test_a_16_bit_master_copy_under_another_training_dtype_is_refused_where_the_model_is_sharded():
+    # the start-up check's rule, also where a model is built without a whole config (load_section)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.fsdp_config.model_dtype=bf16 with "):
+        make_fsdp_actor(dtype="float16", fsdp_config={"model_dtype": "bf16"})
+    with pytest.raises(ValueError, match=r"the frozen reference computes no gradients"):
+        make_fsdp_actor(trainable=False, fsdp_config={"mixed_precision": {"reduce_dtype": "bf16"}})

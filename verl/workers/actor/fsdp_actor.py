@@ -1,9 +1,11 @@
 """The ``fsdp2`` backend's actor (alias ``fsdp``): a Hugging Face causal LM sharded with torch FSDP2.
 
-Every rank holds 1/N of the fp32 master weights, of their gradients and of the AdamW state
-(:func:`verl.utils.fsdp_utils.shard_model`); forward passes gather one decoder layer at a time and compute in the
-training dtype through FSDP2's mixed-precision policy. The update loop, the losses and the optimizer-step contract
-are the shared ones (:class:`~verl.workers.actor.update_loop.UpdateLoop`); the step itself is
+Every rank holds 1/N of the fp32 master weights (verl's ``fsdp_config.model_dtype`` may make them bf16, with bf16
+training), of their gradients and of the AdamW state (:func:`verl.utils.fsdp_utils.shard_model`); forward passes
+gather one decoder layer at a time and compute in the training dtype through FSDP2's mixed-precision policy
+(:func:`model_precision`: verl's ``fsdp_config.mixed_precision`` sets the gather and reduce dtypes). The update
+loop, the losses and the optimizer-step contract are the shared ones
+(:class:`~verl.workers.actor.update_loop.UpdateLoop`); the step itself is
 :class:`~verl.utils.fsdp_optimizer.ShardedAmpOptimizer`, whose verdict every rank agrees on before anyone updates.
 
 What any FSDP2-trained model (actor, critic) changes in the loop is its backend,
@@ -27,11 +29,18 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
 from verl.utils.fsdp_optimizer import build_sharded_amp_optimizer
-from verl.utils.fsdp_utils import enable_activation_checkpointing, shard_model
+from verl.utils.fsdp_utils import (
+    cast_floating_buffers,
+    cast_floating_parameters,
+    enable_activation_checkpointing,
+    mixed_precision_policy,
+    shard_model,
+)
 from verl.workers.actor.backend import FSDPBackend
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
+from verl.workers.config.precision import FSDPPrecision, fsdp_precision
 from verl.workers.rollout.decoding import IncrementalDecoder
 
 logger = logging.getLogger(__name__)
@@ -163,13 +172,27 @@ class OneRankPlainDecoder(IncrementalDecoder):
         self.plain.to_empty(device="meta")  # the shared tensors (or a LoRA run's merged ones) are let go
 
 
+def model_precision(config, fsdp_config, *, trainable: bool, key: str) -> FSDPPrecision:
+    """The dtypes of an FSDP2 model (:func:`~verl.workers.config.precision.fsdp_precision`): ``config.dtype`` as the
+    compute dtype, ``fsdp_config``'s ``model_dtype`` and ``mixed_precision``.
+
+    Raises:
+        ValueError: a combination the precision contract refuses (also refused at start-up).
+    """
+    # the reference computes in the actor's dtype: its config is the actor's section
+    return fsdp_precision(config.dtype, fsdp_config, trainable=trainable, key=key, dtype_key=f"{config.KEY}.dtype")
+
+
 def shard_for_training(module, config, fsdp_config, *, mesh, total_training_steps, wrap_class_names, key, trainable):
     """Shard ``module`` per ``fsdp_config`` and, when ``trainable``, build its sharded AdamW and LR schedule.
 
     Args:
-        module: the fp32 model, in CPU memory or on the mesh device.
+        module: the model, in CPU memory or on the mesh device; its floating-point parameters are cast to
+            ``fsdp_config.model_dtype`` (fp32 when null) and its buffers to ``mixed_precision.buffer_dtype`` here,
+            before sharding (the workers' loaders already load in ``model_dtype``).
         config: the trained model's section (actor or critic): its ``dtype`` and ``optim``.
-        fsdp_config: ``param_offload``, ``reshard_after_forward`` (and ``optimizer_offload`` when trainable).
+        fsdp_config: ``param_offload``, ``reshard_after_forward``, the precision keys (and ``optimizer_offload`` when
+            trainable).
         mesh: the data-parallel mesh.
         total_training_steps: length of the LR schedule.
         wrap_class_names: ``wrap_policy.transformer_layer_cls_to_wrap``.
@@ -178,8 +201,22 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
 
     Returns:
         (optimizer, lr_scheduler), both None for a frozen model.
+
+    Raises:
+        ValueError: the precision keys contradict the role's ``dtype`` (:func:`model_precision`).
     """
-    dtype = TORCH_DTYPES[config.dtype]
+    precision = model_precision(config, fsdp_config, trainable=trainable, key=key)
+    dtype = TORCH_DTYPES[precision.compute]
+    if precision.gathers_coarser_than_compute:
+        logger.warning(
+            "%s.mixed_precision.param_dtype=bf16 with dtype=float16: the weights are rounded to bf16 before each fp16 "
+            "forward, which an fp16 rollout engine does not do (the training/rollout_probs_diff metrics show it); "
+            "leave param_dtype null to gather in fp16",
+            key,
+        )
+    # the loaders already load in model_dtype (no fp32 copy of a large model first); a module handed in is cast here
+    cast_floating_parameters(module, TORCH_DTYPES[precision.model])
+    cast_floating_buffers(module, TORCH_DTYPES[precision.buffer])
     shard_model(
         module,
         mesh=mesh,
@@ -189,10 +226,13 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
         wrap_class_names=wrap_class_names,
         key=key,
         forward_prefetch=fsdp_config.forward_prefetch,
+        mp_policy=mixed_precision_policy(
+            dtype, param_dtype=TORCH_DTYPES[precision.param], reduce_dtype=TORCH_DTYPES[precision.reduce]
+        ),
     )
     if not trainable:
         return None, None
-    logger.info("fsdp2: float32 master shards over %d rank(s), %s compute (%s)", mesh.size(), dtype, key)
+    logger.info("fsdp2: %s master shards over %d rank(s), %s compute (%s)", precision.model, mesh.size(), dtype, key)
     return build_sharded_amp_optimizer(
         module,
         config.optim,
@@ -217,11 +257,12 @@ def build_fsdp_actor(
     use_remove_padding: bool = False,
     rank: int = 0,
 ) -> FSDPPPOActor:
-    """Shard ``module`` (fp32, on the CPU or the mesh device) with FSDP2 and build the actor around it.
+    """Shard ``module`` (on the CPU or the mesh device) with FSDP2 and build the actor around it.
 
     Args:
         config: the actor config; its ``fsdp_config`` gives the wrap policy and the optimizer offload.
-        module: the Hugging Face causal LM (or any module returning logits), fp32.
+        module: the Hugging Face causal LM (or any module returning logits); its parameters are cast to the
+            ``model_dtype`` of its ``fsdp_config`` (fp32 when null) before sharding.
         mesh: the data-parallel mesh (:func:`verl.utils.fsdp_utils.device_mesh`).
         total_training_steps: length of the LR schedule.
         trainable: False gives a frozen reference: no optimizer, no handler, no gradients.

@@ -21,6 +21,7 @@ from verl.workers.config.algorithm import (
 from verl.workers.config.compat import CustomClsConfig, GlobalProfilerConfig, PFPPOConfig, check_ref_strategy
 from verl.workers.config.lora import check_lora
 from verl.workers.config.megatron import check_megatron_sections
+from verl.workers.config.precision import check_fsdp_precision
 from verl.workers.config.reward_model import RewardModelConfig
 from verl.workers.config.roles import FSDP_STRATEGIES, ActorConfig, CriticConfig, KLType, ModelConfig, RefConfig
 from verl.workers.config.rollout import VLLM_ROLLOUT_KEYS, RolloutConfig, check_rollout_layout
@@ -343,6 +344,7 @@ class PPOConfig(BaseConfig):
         self._check_batch_sizes()
         self._check_fire_drill_ranks()
         self._check_training_paths()
+        check_fsdp_precision(self)
         check_megatron_sections(self)
         check_lora(self)
 

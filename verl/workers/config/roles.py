@@ -19,6 +19,7 @@ from verl.workers.config.compat import ProfilerConfig, check_ulysses
 from verl.workers.config.lora import MegatronLoraConfig, check_lora_fields
 from verl.workers.config.megatron import MegatronConfig
 from verl.workers.config.optim import OptimConfig
+from verl.workers.config.precision import MixedPrecisionConfig, VerlDType
 from verl.workers.config.schema import (
     BaseConfig,
     FieldError,
@@ -93,6 +94,7 @@ class ModelConfig(BaseConfig):
     trust_remote_code: bool
     # verl's Hugging Face config overrides (attribute -> value), set on the model's config wherever it is loaded
     override_config: Any
+    # the workers load the model (and tokenizer, LoRA adapter) from a copy in /dev/shm: verl.utils.fs.copy_to_shm
     use_shm: bool
     # LoRA through peft (docs/advance/lora.md); the rules that read other sections: verl.workers.config.lora
     lora_rank: int
@@ -105,7 +107,6 @@ class ModelConfig(BaseConfig):
     def check(self) -> None:
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
-        refuse_unavailable(self, "use_shm", "copying the model to shared memory (/dev/shm) before loading it")
         check_override_config(self)
         check_lora_fields(self)
 
@@ -124,7 +125,12 @@ class WrapPolicyConfig(BaseConfig):
 
 @dataclasses.dataclass(frozen=True)
 class FSDPConfig(BaseConfig):
-    """FSDP2 settings of a trained model (strategy ``fsdp2`` / ``fsdp``)."""
+    """FSDP2 settings of a trained model (strategy ``fsdp2`` / ``fsdp``).
+
+    ``model_dtype`` and ``mixed_precision`` are verl's precision keys; how they relate to the role's ``dtype``, and
+    which combinations are refused, is :mod:`verl.workers.config.precision` (checked by
+    :func:`~verl.workers.config.precision.fsdp_precision`, at start-up and again where the model is sharded).
+    """
 
     param_offload: bool
     optimizer_offload: bool
@@ -132,16 +138,22 @@ class FSDPConfig(BaseConfig):
     # verl's FSDP1 flat-parameter switch; FSDP2 has no flat parameters, so both values mean what true means
     use_orig_params: bool
     forward_prefetch: bool
+    # dtype of the loaded weights and the shards (the master copy); null: fp32
+    model_dtype: VerlDType | None
+    mixed_precision: MixedPrecisionConfig
     wrap_policy: WrapPolicyConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class RefFSDPConfig(BaseConfig):
-    """FSDP2 settings of the frozen reference model (no optimizer, so nothing of it to offload)."""
+    """FSDP2 settings of the frozen reference model (no optimizer, so nothing of it to offload); its precision keys
+    as :class:`FSDPConfig`'s, with the actor's ``dtype`` as the compute dtype."""
 
     param_offload: bool
     reshard_after_forward: bool
     forward_prefetch: bool
+    model_dtype: VerlDType | None
+    mixed_precision: MixedPrecisionConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,12 +58,14 @@ class ValueModel(torch.nn.Module):
         trust_remote_code: bool = False,
         config_overrides: Any = None,
         lora: Any = None,
+        dtype: torch.dtype = torch.float32,
     ) -> ValueModel:
         """A value model on the backbone of a causal LM (a path, ``None``/"default" for the tiny model, or a module).
 
-        The LM head is discarded; the backbone keeps the LM's weights. Parameters are float32 (master weights;
-        fp16/bf16 run under autocast). With ``lora`` (the ``critic.model`` section, ``lora_rank > 0``) the LM gets
-        peft's LoRA adapters first and its base weights are frozen: the adapters and the fresh value head train.
+        The LM head is discarded; the backbone keeps the LM's weights. Parameters are ``dtype``: float32 (master
+        weights; fp16/bf16 run under autocast), or verl's ``critic.model.fsdp_config.model_dtype`` on ``fsdp2``.
+        With ``lora`` (the ``critic.model`` section, ``lora_rank > 0``) the LM gets peft's LoRA adapters first and
+        its base weights are frozen: the adapters and the fresh value head train.
 
         Raises:
             ValueError: the module has no config with ``hidden_size``.
@@ -75,7 +77,7 @@ class ValueModel(torch.nn.Module):
 
             lm = load_hf_causal_lm(
                 path_or_model,
-                dtype=torch.float32,
+                dtype=dtype,
                 device=device,
                 trust_remote_code=trust_remote_code,
                 config_overrides=config_overrides,
@@ -92,7 +94,12 @@ class ValueModel(torch.nn.Module):
             add_lora_adapters(lm, lora, key="critic.model")  # in place: the backbone below holds the adapters
         backbone = lm.base_model if isinstance(lm, PreTrainedModel) else getattr(lm, "model", lm)
         model = cls(backbone, int(hidden_size), head_init_std=head_init_std, seed=seed)
-        return model.to(device=device, dtype=torch.float32)
+        from verl.utils.fsdp_utils import cast_floating_buffers, cast_floating_parameters
+
+        model.to(device=device)
+        cast_floating_parameters(model, dtype)  # the buffers (rotary frequencies) stay fp32 whatever the weights are
+        cast_floating_buffers(model, torch.float32)
+        return model
 
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         """Per-position values.

@@ -17,8 +17,9 @@ from verl.utils.cpu_linear import use_onednn_linear
 from verl.utils.fsdp_utils import enable_activation_checkpointing
 from verl.workers.actor.backend import FSDPBackend
 from verl.workers.actor.fsdp_actor import shard_for_training
-from verl.workers.actor.update_loop import build_loop_parts
+from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
+from verl.workers.config.precision import model_dtype_of
 from verl.workers.critic.dp_critic import DataParallelPPOCritic, ValueModel
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def build_fsdp_critic(
 
     Args:
         model_path_or_module: the LM whose backbone the value model starts from (a path, ``None``/"default", a
-            ``*ForCausalLM`` module, or a :class:`ValueModel`); built in CPU memory, then sharded.
+            ``*ForCausalLM`` module, or a :class:`ValueModel`); built in CPU memory, in
+            ``critic.model.fsdp_config.model_dtype`` (a :class:`ValueModel` handed in keeps its own), then sharded.
         critic_config: the ``critic`` config, ``ppo_mini_batch_size`` in samples per rank.
         mesh: the data-parallel mesh (:func:`verl.utils.fsdp_utils.device_mesh`).
         total_training_steps: length of the LR schedule.
@@ -78,6 +80,7 @@ def build_fsdp_critic(
             trust_remote_code=critic_config.model.trust_remote_code,
             config_overrides=critic_config.model.override_config,
             lora=critic_config.model,
+            dtype=TORCH_DTYPES[model_dtype_of(fsdp_config)],
         )
     if critic_config.model.enable_gradient_checkpointing:
         enable_activation_checkpointing(module.backbone)
