@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.verl_scripts.harness import load_scripts, start_up_check, write_inputs
 
-MIN_PASSING = 41
+MIN_PASSING = 42
 # The out-of-scope features a refusal may name (a regex each).
 OUT_OF_SCOPE = {
     "SGLang": r"SGLang",
@@ -30,11 +30,7 @@ BROKEN_IN_VERL = {
     "run_qwen3_4b_grpo_vllm_1k_npu.sh": r"Error parsing override",
 }
 # Blockers other work owns: these may fail with any message until it lands.
-PENDING = {
-    # verl's FSDP workers turn LoRA on from lora_adapter_path alone (rank and targets from the adapter); here
-    # lora_rank must be > 0, and the harness writes no adapter for the script's path (its use_shm works)
-    "run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh": "model.lora_adapter_path without model.lora_rank",
-}
+PENDING: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

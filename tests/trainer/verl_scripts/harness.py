@@ -2,7 +2,8 @@
 
 ``scripts.json`` (next to this module, written by ``scripts/verl_compat/extract_script_overrides.py``) holds each of
 verl's GRPO/PPO example scripts' ``main_ppo`` command line as bash expands it. :func:`normalise` changes only what a
-user on this machine must change: the model path (the embedded tiny model, :func:`write_model`), the data files
+user on this machine must change: the model path (the embedded tiny model, :func:`write_model`, and a LoRA adapter
+of it where a script starts from one, :func:`write_adapter`), the data files
 (small parquet files in verl's layout, written from the embedded task by :func:`write_data_files`) and the
 hardware sizes (one node, one device, every model-parallel size 1). :func:`start_up_check` then runs what ``python -m
 verl.trainer.main_ppo``
@@ -30,6 +31,8 @@ NUM_TRAIN_ROWS, NUM_VAL_ROWS = 4096, 64
 N_GPUS_PER_NODE = 1
 # Keys whose value is a model directory (the last part of the key path).
 _MODEL_PATH_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
+# A LoRA adapter to start from is part of the model a user brings: the scripts' adapter is one for the scripts' model.
+_ADAPTER_PATH_KEY = "actor_rollout_ref.model.lora_adapter_path"
 _DATA_FILE_KEYS = {"data.train_files": "train", "data.val_files": "test"}
 # Hardware sizes: the last part of the key -> the value on this machine.
 _PARALLEL_SIZES = {
@@ -117,9 +120,26 @@ def write_model(directory: Path) -> str:
     return str(target)
 
 
+def write_adapter(directory: Path, model_path: str) -> str:
+    """A rank-8 peft LoRA adapter (fresh, B = 0) of the scripts' model under ``directory``; its path."""
+    target = directory / "tiny_h32_lora_adapter"
+    if not target.exists():
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_path)
+        config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM")
+        get_peft_model(model, config).save_pretrained(target)
+    return str(target)
+
+
 def write_inputs(directory: Path) -> dict[str, str]:
-    """The model and the data files of the scripts on this machine: {"model": path, "train": path, "test": path}."""
-    return {"model": write_model(directory), **write_data_files(directory)}
+    """The model (and a LoRA adapter of it) and the data files of the scripts on this machine: {"model": path,
+    "adapter": path, "train": path, "test": path}."""
+    model = write_model(directory)
+    return {"model": model, "adapter": write_adapter(directory, model), **write_data_files(directory)}
 
 
 def _num_files(value: str) -> int:
@@ -141,6 +161,8 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
         last = bare.rsplit(".", 1)[-1]
         if eq and bare in _MODEL_PATH_KEYS:
             value = inputs["model"]
+        elif eq and bare == _ADAPTER_PATH_KEY and value not in ("null", "None", ""):
+            value = inputs["adapter"]
         elif eq and bare in _DATA_FILE_KEYS:
             path = inputs[_DATA_FILE_KEYS[bare]]
             count = _num_files(value)

@@ -202,11 +202,15 @@ def test_hf_model_on_the_dp_backend_exports_the_full_model(tmp_path):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_lora_adapter_path_starts_from_the_saved_adapter(backend, tmp_path):
+@pytest.mark.parametrize("rank_in_config", [RANK, 0], ids=["rank-set", "rank-0"])
+def test_lora_adapter_path_starts_from_the_saved_adapter(backend, rank_in_config, tmp_path):
+    # with lora_rank 0 too (verl's rule: the adapter path alone turns LoRA on, with the adapter's own rank)
     actor = make_lora_actor(backend, optim={"lr": 5e-2})
     actor.update_policy(with_old_log_probs(actor))
     actor.save_checkpoint(tmp_path / "ckpt")
-    config = lora_model_config(lora_adapter_path=str(tmp_path / "ckpt" / LORA_ADAPTER_DIR))
+    adapter = str(tmp_path / "ckpt" / LORA_ADAPTER_DIR)
+    config = lora_model_config(lora_adapter_path=adapter, lora_rank=rank_in_config)
+    assert config.uses_lora
     started = make_lora_actor(backend, model_config=config)
     assert_same(weights(actor, adapters=True), weights(started, adapters=True))
     # loaded trainable: it goes on training from there

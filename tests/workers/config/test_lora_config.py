@@ -20,13 +20,24 @@ def test_lora_rank_0_is_the_default_and_8_is_accepted():
         ([LORA, "actor_rollout_ref.model.target_modules=[nothing]"], r"model.target_modules=.*selects no linear"),
         ([LORA, "actor_rollout_ref.actor.strategy=megatron"], "LoRA is not supported on the megatron backend yet"),
         (["actor_rollout_ref.model.lora.rank=8"], r"model.lora.rank=8 is verl's megatron form"),
-        (["actor_rollout_ref.model.lora_adapter_path=/tmp"], r"lora_adapter_path=.* lora_rank is 0"),
+        (["actor_rollout_ref.model.lora_adapter_path=/tmp"], "not a peft adapter directory"),
         ([LORA, "actor_rollout_ref.model.lora_adapter_path=/nonexistent"], "not a peft adapter directory"),
     ],
 )
 def test_bad_lora_settings_fail_at_start_up_naming_the_key(overrides, match):
     with pytest.raises(ValueError, match=match):
         compose_ppo_config(overrides)
+
+
+def test_an_adapter_path_alone_turns_lora_on_with_the_adapters_own_rank(tmp_path):
+    # verl's rule: lora_adapter_path set means LoRA, whatever lora_rank says (the adapter brings its rank)
+    (tmp_path / "adapter_config.json").write_text("{}")
+    config = compose_ppo_config([f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"])
+    assert config.actor_rollout_ref.model.lora_rank == 0 and config.actor_rollout_ref.model.uses_lora
+    with pytest.raises(ValueError, match="lora_adapter_path=.*LoRA is not supported on the megatron backend"):
+        compose_ppo_config(
+            [f"actor_rollout_ref.model.lora_adapter_path={tmp_path}", "actor_rollout_ref.actor.strategy=megatron"]
+        )
 
 
 def test_lora_with_the_vllm_rollout_is_accepted():

@@ -54,12 +54,6 @@ def check_lora_fields(model: Any) -> None:
             "target_modules", f"={targets!r} names no module; use all-linear or a list of linear layer names."
         )
     path = model.lora_adapter_path
-    if path and not model.lora_rank:
-        raise FieldError(
-            "lora_adapter_path",
-            f"={path!r} is set but lora_rank is 0 (full fine-tuning); set lora_rank > 0 to train from that adapter, "
-            "or drop lora_adapter_path.",
-        )
     if path and not (Path(path) / "adapter_config.json").is_file():
         raise FieldError(
             "lora_adapter_path",
@@ -78,18 +72,23 @@ def check_lora(config: Any) -> None:
     _check_critic_lora(config)
     arr = config.actor_rollout_ref
     model, strategy = arr.model, arr.actor.strategy
-    if strategy == "megatron" and (model.lora_rank or model.lora.rank):
-        which = "lora_rank" if model.lora_rank else "lora.rank"
+    if strategy == "megatron" and (model.uses_lora or model.lora.rank):
+        if model.lora.rank:
+            which, value = "lora.rank", model.lora.rank
+        elif model.lora_rank:
+            which, value = "lora_rank", model.lora_rank
+        else:
+            which, value = "lora_adapter_path", model.lora_adapter_path
         raise ValueError(
-            f"{KEY}.{which}={model.lora_rank or model.lora.rank}: {MEGATRON_REFUSAL}; train LoRA with "
-            f"actor_rollout_ref.actor.strategy=fsdp (or dp), or set {KEY}.{which}=0."
+            f"{KEY}.{which}={value}: {MEGATRON_REFUSAL}; train LoRA with actor_rollout_ref.actor.strategy=fsdp "
+            f"(or dp), or unset {KEY}.{which}."
         )
     if model.lora.rank:
         raise ValueError(
             f"{KEY}.lora.rank={model.lora.rank} is verl's megatron form of LoRA, and this run trains with "
             f"strategy={strategy}; set {KEY}.lora_rank (and lora_alpha, target_modules) instead."
         )
-    if not model.lora_rank:
+    if not model.lora_rank or model.lora_adapter_path:  # an adapter from a directory brings its own targets
         return
     targets = model.target_modules if isinstance(model.target_modules, list) else [model.target_modules]
     if model.use_fused_kernels and "lm_head" in targets:

@@ -112,8 +112,9 @@ class ModelConfig(BaseConfig):
 
     @property
     def uses_lora(self) -> bool:
-        """Whether the actor trains LoRA adapters (``lora_rank > 0``) instead of all its weights."""
-        return self.lora_rank > 0
+        """Whether the actor trains LoRA adapters instead of all its weights: ``lora_rank > 0``, or, as in verl,
+        ``lora_adapter_path`` set (the adapter saved there brings its own rank and targets)."""
+        return self.lora_rank > 0 or bool(self.lora_adapter_path)
 
 
 @dataclasses.dataclass(frozen=True)
