@@ -86,21 +86,35 @@ class Killer:
 
         @functools.wraps(method)
         def call_then_maybe_die(*args, **kwargs):
-            self.num_calls += 1
-            if self.num_calls == self.plan.call:
-                pid = group.placement[self.plan.rank]["pid"]
-                logger.warning(
-                    "fault injection: killing %s rank %d (pid %d) at call %d of %s",
-                    group.name_prefix,
-                    self.plan.rank,
-                    pid,
-                    self.num_calls,
-                    self.plan.method,
-                )
-                self._kill(pid)
+            self._count_and_maybe_kill(group)
             return method(*args, **kwargs)
 
         setattr(group, self.plan.method, call_then_maybe_die)
+        submit = getattr(group, "submit", None)
+        if submit is None:
+            return
+
+        @functools.wraps(submit)
+        def submit_then_maybe_die(method_name, *args, **kwargs):  # the calls a driver starts without waiting
+            if method_name == self.plan.method:
+                self._count_and_maybe_kill(group)
+            return submit(method_name, *args, **kwargs)
+
+        group.submit = submit_then_maybe_die
+
+    def _count_and_maybe_kill(self, group) -> None:
+        self.num_calls += 1
+        if self.num_calls == self.plan.call:
+            pid = group.placement[self.plan.rank]["pid"]
+            logger.warning(
+                "fault injection: killing %s rank %d (pid %d) at call %d of %s",
+                group.name_prefix,
+                self.plan.rank,
+                pid,
+                self.num_calls,
+                self.plan.method,
+            )
+            self._kill(pid)
 
 
 def kill_in_every_group(plan: KillPlan, kill: Callable[[int], None] = kill_process) -> Killer:

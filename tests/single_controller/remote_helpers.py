@@ -91,6 +91,11 @@ class EchoWorker(Worker):
         time.sleep(seconds * (self.rank + 1))
         return self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group="side")
+    def side_call(self) -> int:
+        """Runs on a thread of its own, beside a call of the default group (a Ray concurrency group)."""
+        return self.rank
+
     def plain_method(self, value: int) -> int:
         """Not registered: reachable through ``execute_all`` only."""
         return value + self.rank

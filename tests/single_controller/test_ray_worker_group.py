@@ -87,6 +87,28 @@ def test_non_blocking_call_returns_pending_result(group):
     assert pending.get() == [40, 41]
 
 
+def test_submit_starts_a_registered_call_and_unfinished_ranks_names_the_late_ones(group):
+    # nap sleeps 0.5 s x (rank + 1): after 0.2 s neither rank has returned; once both have, none is late
+    pending = group.submit("nap", 0.5)
+    assert pending.unfinished_ranks(0.2) == [0, 1]
+    assert pending.unfinished_ranks(30.0) == []
+    assert pending.get() == [0, 1]
+    with pytest.raises(ValueError, match="no @register'ed method 'plain_method'"):
+        group.submit("plain_method", 1)
+    error = group.generation_timeout(1, 5.0)
+    assert error.role == group.name_prefix and error.rank == 1
+    assert "returned no samples in time: no result 5 s after it was awaited" in str(error)
+
+
+def test_a_call_of_a_concurrency_group_runs_while_a_default_call_is_still_running(group):
+    # nap keeps each rank's default thread busy for 5 s (rank 0) and 10 s (rank 1); side_call, in its own group,
+    # answers meanwhile, so nap has not finished on either rank when side_call's answer is in
+    pending = group.submit("nap", 5.0)
+    assert group.side_call() == [0, 1]
+    assert pending.unfinished_ranks(0.0) == [0, 1]
+    assert pending.get() == [0, 1]
+
+
 def test_every_call_records_its_time_and_the_slowest_ranks_work(group):
     group.pop_call_timings()
     assert group.nap(0.05) == [0, 1]

@@ -95,3 +95,25 @@ def test_dp_lora_run_syncs_the_merged_weights_into_the_engine(tmp_path):
     )
     check_syncs(proc, out_dir, 3)
     assert "LoRA:" in proc.stdout + proc.stderr  # the worker built adapters
+
+
+def test_a_vllm_rollout_group_of_its_own_gets_the_weights_of_every_successful_update(tmp_path):
+    # the engine in a rollout worker group of its own (hybrid_engine=false), synchronous (staleness_threshold 0): the
+    # rollout group samples each batch after the sync of the previous step's update, so the engine's probabilities
+    # stay at fp16 rounding from the trainer's only while the weights of every successful update reach it; the
+    # poisoned update 2 sends none, and the version does not move
+    proc, out_dir = run_vllm(
+        tmp_path,
+        "fsdp2",
+        "trainer.total_training_steps=4",
+        "actor_rollout_ref.hybrid_engine=false",
+        "async_training.staleness_threshold=0",
+        name="rollout_group",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "rollout rank 0: vllm" in proc.stdout + proc.stderr  # the rollout group built the engine
+    records = train_records(out_dir)
+    assert [r["actor/num_updates_successful"] for r in records] == [1.0, 0.0, 1.0, 1.0]
+    assert [r["fully_async/count/current_param_version"] for r in records] == [1.0, 1.0, 2.0, 3.0]
+    assert [r["fully_async/staleness/max"] for r in records] == [0.0] * 4
+    assert all(r["training/rollout_probs_diff_max"] < MAX_PROB_DIFF for r in records)

@@ -27,6 +27,7 @@ _RAY_NAMES = {
     "PendingResult": "results",
     "WorkerDiedError": "results",
     "CollectiveTimeoutError": "results",
+    "GenerationTimeoutError": "results",
 }
 
 
@@ -41,6 +42,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "Dispatch",
     "Execute",
+    "GenerationTimeoutError",
     "PendingResult",
     "PlacementError",
     "RayClassWithInitArgs",

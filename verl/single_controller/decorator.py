@@ -43,6 +43,7 @@ class RegisterSpec:
     dispatch_mode: Dispatch
     execute_mode: Execute
     blocking: bool
+    concurrency_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,10 @@ class DispatchRule:
 
 
 def register(
-    dispatch_mode: Dispatch = Dispatch.ALL_TO_ALL, execute_mode: Execute = Execute.ALL, blocking: bool = True
+    dispatch_mode: Dispatch = Dispatch.ALL_TO_ALL,
+    execute_mode: Execute = Execute.ALL,
+    blocking: bool = True,
+    concurrency_group: str | None = None,
 ) -> Callable[[Callable], Callable]:
     """Mark a worker method as callable from the worker group with the given dispatch and execute modes.
 
@@ -66,6 +70,9 @@ def register(
         dispatch_mode: how arguments are split across ranks and results merged (see :class:`Dispatch`).
         execute_mode: which ranks run the method (see :class:`Execute`).
         blocking: when False, the group method returns a pending result whose ``get()`` waits and collects.
+        concurrency_group: run the method on a thread of its own (a Ray concurrency group of one thread, named
+            so), beside the calls of the default group: it must not touch what those calls use, except through a
+            lock. None: calls to a worker run one after another, in the order they were made.
 
     Raises:
         ValueError: when a mode is not a member of its enum.
@@ -76,7 +83,12 @@ def register(
     if not isinstance(execute_mode, Execute):
         accepted = [m.name for m in Execute]
         raise ValueError(f"execute_mode must be an Execute member {accepted}, got {execute_mode!r}.")
-    spec = RegisterSpec(dispatch_mode=dispatch_mode, execute_mode=execute_mode, blocking=bool(blocking))
+    spec = RegisterSpec(
+        dispatch_mode=dispatch_mode,
+        execute_mode=execute_mode,
+        blocking=bool(blocking),
+        concurrency_group=concurrency_group,
+    )
 
     def decorate(func: Callable) -> Callable:
         setattr(func, REGISTER_ATTR, spec)

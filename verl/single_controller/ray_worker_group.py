@@ -29,6 +29,7 @@ from verl.single_controller.decorator import RegisterSpec, check_data_parallel_l
 from verl.single_controller.placement import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementError, RayResourcePool
 from verl.single_controller.results import (
     CollectiveTimeoutError,
+    GenerationTimeoutError,
     PendingResult,
     WorkerDiedError,
     death_reason,
@@ -108,6 +109,7 @@ class RayWorkerGroup:
         self._timings = CallTimings()
         self._data_parallel_layout: list[tuple[int, bool]] | None = None
         specs = self._registered_methods(self._cls)
+        self._specs = specs
         try:
             self._start_workers(ray_cls_with_init)
         except BaseException:
@@ -140,7 +142,8 @@ class RayWorkerGroup:
         options: dict[str, Any] = {"num_cpus": pool.num_cpus_per_worker}
         if pool.uses_gpus:
             options["num_gpus"] = pool.num_gpus_per_worker
-        remote_cls = ray.remote(self._cls)
+        groups = {spec.concurrency_group: 1 for spec in self._specs.values() if spec.concurrency_group is not None}
+        remote_cls = ray.remote(concurrency_groups=groups)(self._cls) if groups else ray.remote(self._cls)
         for slot in slots:
             env = {
                 "RANK": str(slot.rank),
@@ -227,6 +230,14 @@ class RayWorkerGroup:
             self.name_prefix, named, info.get("node_id", "?"), info.get("node_ip", "?"), reason
         )
 
+    def generation_timeout(self, rank: int, timeout_s: float) -> GenerationTimeoutError:
+        """The error of rank ``rank`` having returned nothing within ``timeout_s`` seconds, with its node."""
+        info = self._placement[rank] if rank < len(self._placement) else {}
+        reason = f"no result {timeout_s:g} s after it was awaited (trainer.collective_timeout_s)"
+        return GenerationTimeoutError(
+            self.name_prefix, rank, info.get("node_id", "?"), info.get("node_ip", "?"), reason
+        )
+
     def _where(self, rank: int) -> str:
         info = self._placement[rank] if rank < len(self._placement) else {}
         return f"rank {rank} on node {info.get('node_id', '?')} ({info.get('node_ip', '?')})"
@@ -250,10 +261,26 @@ class RayWorkerGroup:
         for rank, rank_args, rank_kwargs in zip(plan.ranks, plan.args, plan.kwargs, strict=True):
             packed_args = [pack(value) for value in rank_args]
             packed_kwargs = {key: pack(value) for key, value in rank_kwargs.items()}
-            refs.append(self._workers[rank].run_timed.remote(method_name, *packed_args, **packed_kwargs))
+            run = self._workers[rank].run_timed
+            if spec.concurrency_group is not None:
+                run = run.options(concurrency_group=spec.concurrency_group)
+            refs.append(run.remote(method_name, *packed_args, **packed_kwargs))
         on_timing = self._timings.recorder(method_name)
         on_hang = functools.partial(self._hang, method_name)
         return PendingResult(refs, plan.ranks, plan.collect, self._death, on_timing, start=start, on_hang=on_hang)
+
+    def submit(self, method_name: str, *args: Any, **kwargs: Any) -> PendingResult:
+        """Start the ``@register``'ed ``method_name`` as ``group.method_name(...)`` would, without waiting: the
+        returned :class:`PendingResult`'s ``get()`` waits and collects. Calls to one worker run in the order they
+        were made, so a later call waits behind this one.
+
+        Raises:
+            ValueError: the worker class has no ``@register``'ed method of that name.
+        """
+        spec = self._specs.get(method_name)
+        if spec is None:
+            raise ValueError(f"{self._cls.__name__} has no @register'ed method {method_name!r}; check the name.")
+        return self._call(method_name, spec, args, kwargs)
 
     @property
     def call_timings(self) -> dict[str, list[CallTiming]]:

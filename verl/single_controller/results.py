@@ -75,6 +75,17 @@ class CollectiveTimeoutError(WorkerDiedError):
     event = "hung in a collective"
 
 
+class GenerationTimeoutError(WorkerDiedError):
+    """A rollout rank returned no samples within ``trainer.collective_timeout_s`` of the trainer asking for them (the
+    rollout group of its own, ``hybrid_engine=false``): it hangs, or is far slower than the bound. The run stops
+    rather than wait for ever; like a death, the groups are rebuilt when ``trainer.max_restarts`` allows.
+
+    Attributes: those of :class:`WorkerDiedError`; ``rank`` is the lowest rank that had not returned.
+    """
+
+    event = "returned no samples in time"
+
+
 def is_collective_timeout(err: BaseException) -> bool:
     """Whether a worker's error is a ``torch.distributed`` collective that waited past its timeout."""
     return isinstance(err, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(err)))
@@ -200,6 +211,13 @@ class PendingResult:
         self._refs, self._ranks, self._collect, self._on_death = refs, ranks, collect, on_death
         self._on_timing, self._on_hang = on_timing, on_hang
         self._start = time.perf_counter() if start is None else start  # perf_counter() when the call began
+
+    def unfinished_ranks(self, timeout_s: float) -> list[int]:
+        """Wait up to ``timeout_s`` seconds for every rank; the ranks that have not finished by then (none: ``get``
+        returns without waiting)."""
+        _, pending = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=timeout_s)
+        waiting = set(pending)
+        return [rank for ref, rank in zip(self._refs, self._ranks, strict=True) if ref in waiting]
 
     def get(self) -> Any:
         timed = get_all(self._refs, self._ranks, self._on_death, self._on_hang)

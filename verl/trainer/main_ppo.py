@@ -341,14 +341,18 @@ def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempt
             last = attempts.last_good
             raise Preempted(signals.requested, step_of_checkpoint(last) if last is not None else 0, last)
         groups = build_worker_groups(typed, num_steps)
+        actor_wg, critic_wg, reward_model_wg, rollout_wg = groups
         attempts.trainer = RayPPOTrainer(
             typed,
             data.train_loader,
             data.val_batches,
             data.reward_fn,
-            *groups,
+            actor_wg,
+            critic_wg,
+            reward_model_wg,
             tracker,
             num_steps,
+            rollout_wg=rollout_wg,
             resume_from=attempts.resume_from,
             restarts=attempts.restarts,
             tokenizer=data.tokenizer,

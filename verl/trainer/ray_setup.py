@@ -38,7 +38,8 @@ def start_ray(config: PPOConfig) -> None:
         )
     repo_root = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    threads = max(1, (os.cpu_count() or 1) // config.world_size)
+    # the node's cores split evenly over the worker processes (a rollout group of its own counts too)
+    threads = max(1, (os.cpu_count() or 1) // (config.world_size + num_rollout_workers(config)))
     # Ray starts its workers at niceness 15, so that its own daemons stay responsive; our workers do the training,
     # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
     # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
@@ -73,6 +74,12 @@ def start_ray(config: PPOConfig) -> None:
         )
 
 
+def num_rollout_workers(config: PPOConfig) -> int:
+    """Ranks of the rollout worker group of its own (``hybrid_engine=false``); 0 when the rollout lives in the actor
+    workers."""
+    return config.rollout.world_size if config.separate_rollout else 0
+
+
 def worker_classes(strategy: str):
     """(actor-rollout-ref worker class, critic worker class) of a backend: the one place a backend is chosen."""
     if strategy == "megatron":
@@ -91,13 +98,15 @@ def worker_classes(strategy: str):
 
 
 def build_worker_groups(config: PPOConfig, num_steps: int):
-    """The actor (+rollout, +ref) worker group, the critic group when a value model is needed, and the reward-model
-    group with ``reward_model.enable`` (:class:`~verl.workers.reward_model.RewardModelWorker`): ``(actor, critic or
-    None, reward model or None)``.
+    """The actor (+rollout, +ref) worker group, the critic group when a value model is needed, the reward-model
+    group with ``reward_model.enable`` (:class:`~verl.workers.reward_model.RewardModelWorker`), and the rollout
+    group of its own with ``hybrid_engine=false`` (:class:`~verl.workers.rollout_worker.RolloutWorker`): ``(actor,
+    critic or None, reward model or None, rollout or None)``.
 
     ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the groups share
-    one resource pool, so rank ``r`` of each runs in the same bundle (same node, same GPU). On failure, whatever
-    was started is torn down before the error propagates.
+    one resource pool, so rank ``r`` of each runs in the same bundle (same node, same GPU). The rollout group has a
+    pool of its own (``rollout.nnodes`` x ``rollout.n_gpus_per_node``, a device each). On failure, whatever was
+    started is torn down before the error propagates.
 
     Raises:
         PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
@@ -113,7 +122,9 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     trainer = config.trainer
     use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
     groups = 1 + int(config.needs_critic) + int(config.reward_model.enable)
-    cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups)
+    # a rollout group of its own may share the nodes: its workers count towards each node's share
+    rollout_per_node = config.rollout.n_gpus_per_node if config.separate_rollout else 0
+    cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups + rollout_per_node)
     pool = RayResourcePool(
         config.world_size,
         num_cpus_per_worker=cpus,
@@ -124,9 +135,9 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     )
     started = []
 
-    def start(worker_cls, name_prefix: str, collective_timeout_s: float):
+    def start(worker_cls, name_prefix: str, collective_timeout_s: float, worker_pool=pool):
         group = RayWorkerGroup(
-            pool,
+            worker_pool,
             RayClassWithInitArgs(worker_cls, config, num_steps),
             name_prefix=name_prefix,
             collective_timeout_s=collective_timeout_s,
@@ -153,10 +164,28 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
             from verl.workers.reward_model import RewardModelWorker
 
             reward_model_wg = start(RewardModelWorker, "reward_model", config.trainer.collective_timeout_s)
+        rollout_wg = None
+        if config.separate_rollout:
+            from verl.workers.rollout_worker import RolloutWorker
+
+            rollout = config.rollout
+            rollout_pool = RayResourcePool(
+                rollout.world_size,
+                num_cpus_per_worker=cpus,
+                num_gpus_per_worker=1 if use_gpu else 0,
+                nnodes=rollout.nnodes,
+                placement_timeout_s=config.trainer.placement_timeout_s,
+            )
+            rollout_wg = start(RolloutWorker, "rollout", config.trainer.collective_timeout_s, rollout_pool)
     except PlacementError as err:
         shutdown_groups(*started)
+        rollout_ranks = (
+            f" plus rollout.nnodes={config.rollout.nnodes} x rollout.n_gpus_per_node={config.rollout.n_gpus_per_node}"
+            if config.separate_rollout
+            else ""
+        )
         raise PlacementError(
-            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node} "
+            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node}{rollout_ranks} "
             f"({'GPU' if use_gpu else 'CPU'} ranks) does not fit the Ray cluster: {err} Add nodes "
             "(`ray start --address=<head>` on each, see docs/start/multinode.md) or lower trainer.nnodes / "
             "trainer.n_gpus_per_node."
@@ -164,7 +193,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     except BaseException:
         shutdown_groups(*started)
         raise
-    return actor_wg, critic_wg, reward_model_wg
+    return actor_wg, critic_wg, reward_model_wg, rollout_wg
 
 
 def cpus_per_worker(nnodes: int, workers_per_node: int) -> float:

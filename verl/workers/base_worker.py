@@ -185,10 +185,8 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
-        """Join torch.distributed, build actor, reference and rollout; returns a one-line description."""
-        from verl.models.loading import load_tokenizer
-        from verl.workers.rollout import get_rollout_cls
-
+        """Join torch.distributed, build actor, reference and rollout (none when the rollout has a worker group of
+        its own); returns a one-line description."""
         device = setup_worker_process(self)
         if self.config.actor_rollout_ref.model.use_shm:
             self.config = with_model_copies_in_shm(self.config)
@@ -200,19 +198,28 @@ class ActorRolloutRefWorker(_ModelWorker):
         self.actor.model_module().train()
         if cfg.needs_reference:
             self.ref = self._build_reference(actor_config, device)
-        tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
-        self.rollout = get_rollout_cls(arr.rollout.name)(
-            self._rollout_model(),
-            # data-parallel ranks sample differently; ranks sharing a model split over them sample alike
-            arr.rollout.sampling_options(seed_offset=self._rollout_seed_offset()),
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+        if cfg.separate_rollout:  # the rollout runs in a worker group of its own (RolloutWorker)
+            return f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)})"
+        self.rollout = self._build_rollout()
         if self._rollout_holds_weights() and arr.rollout.load_format == "dummy":
             self._sync_rollout_weights()  # the engine started with random weights: the actor's go in before any use
         return (
             f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)}), "
             f"rollout {arr.rollout.name}"
+        )
+
+    def _build_rollout(self):
+        from verl.models.loading import load_tokenizer
+        from verl.workers.rollout import get_rollout_cls
+
+        arr = self.config.actor_rollout_ref
+        tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
+        return get_rollout_cls(arr.rollout.name)(
+            self._rollout_model(),
+            # data-parallel ranks sample differently; ranks sharing a model split over them sample alike
+            arr.rollout.sampling_options(seed_offset=self._rollout_seed_offset()),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
         )
 
     def _build_reference(self, actor_config: ActorConfig, device: str):
@@ -311,10 +318,18 @@ class ActorRolloutRefWorker(_ModelWorker):
             The rollout output plus ``old_log_probs`` and ``ref_log_prob`` (B*n, R) as configured; its
             ``meta_info["timing_s"]`` holds this rank's seconds per pass (``gen``, ``old_log_prob``, ``ref``).
         """
-        timing: dict[str, float] = {}
         start = time.perf_counter()
         output = self._generate(prompts)  # tagged with its sampling temperature
-        timing["timing_s/gen"] = time.perf_counter() - start
+        return self._add_log_probs(output, {"timing_s/gen": time.perf_counter() - start})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def add_log_probs(self, generated: DataProto) -> DataProto:
+        """The old and the reference log-probs the run needs, added to a batch generated elsewhere (by the rollout
+        worker group of its own): the second half of :meth:`generate_with_log_probs`, with its return value.
+        The batch is sampled at ``meta_info["temperature"]``, else the configured one."""
+        return self._add_log_probs(generated, {})
+
+    def _add_log_probs(self, output: DataProto, timing: dict[str, float]) -> DataProto:
         passes = [("old_log_prob", "old_log_probs", self.config.computes_old_log_prob, self._old_log_probs)]
         passes.append(("ref", "ref_log_prob", self.config.needs_reference, self._ref_log_probs))
         for phase, key, wanted, compute in passes:
@@ -365,31 +380,45 @@ class ActorRolloutRefWorker(_ModelWorker):
         """
         yield from self.actor.model_module().state_dict().items()
 
+    def _rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What a rollout samples with: :meth:`_iter_hf_weights`, and for a LoRA actor the merged weights under the
+        plain model's names. Call under ``torch.no_grad()``."""
+        weights = self._iter_hf_weights()
+        if getattr(self.actor, "peft_model", None) is not None:
+            from verl.utils.lora import lora_scalings, merged_lora_weights
+
+            weights = merged_lora_weights(weights, lora_scalings(self.actor.model_module()))
+        return weights
+
     def _sync_rollout_weights(self) -> float:
         """Send the actor's weights into the rollout; returns the seconds it took."""
         start = time.perf_counter()
         with torch.no_grad():
-            weights = self._iter_hf_weights()
-            if getattr(self.actor, "peft_model", None) is not None:  # LoRA: the merged weights, under plain names
-                from verl.utils.lora import lora_scalings, merged_lora_weights
-
-                weights = merged_lora_weights(weights, lora_scalings(self.actor.model_module()))
-            self.rollout.load_weights(weights)
+            self.rollout.load_weights(self._rollout_weights())
         return time.perf_counter() - start
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_weights(self) -> dict[str, torch.Tensor] | None:
+        """The actor's weights for a rollout worker group of its own: ``{Hugging Face name: CPU tensor}`` on rank 0
+        (a copy; LoRA merged), None on the other ranks, which take part in the gathers of a sharded model."""
+        with torch.no_grad():
+            weights = {}
+            for name, tensor in self._rollout_weights():
+                if self.rank == 0:
+                    weights[name] = tensor.detach().to("cpu", copy=True)
+        return weights if self.rank == 0 else None
 
     # ------------------------------------------------------------------ checkpoint state of this rank
 
     def _rank_state(self) -> dict:
         # the sync count continues across a resume, as the metric rollout/weight_syncs of an uninterrupted run would
-        return {
-            **super()._rank_state(),
-            "rollout": self.rollout.state_dict(),
-            "weight_syncs": self.num_weight_syncs,
-        }
+        rollout = {} if self.rollout is None else self.rollout.state_dict()
+        return {**super()._rank_state(), "rollout": rollout, "weight_syncs": self.num_weight_syncs}
 
     def _restore_rank_state(self, state: dict) -> None:
         super()._restore_rank_state(state)
-        self.rollout.load_state_dict(state["rollout"])
+        if self.rollout is not None:
+            self.rollout.load_state_dict(state["rollout"])
         self.num_weight_syncs = int(state.get("weight_syncs", 0))  # absent in checkpoints of older versions
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -70,6 +70,8 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
         rollout = self.config.actor_rollout_ref.rollout.name
         self._join_process_group()
         description = super().init_model()
+        if self.rollout is None:  # the rollout runs in a worker group of its own (hybrid_engine=false)
+            return description
         if hasattr(self.rollout, "synchronize_stop"):
             self.rollout.synchronize_stop(self._device_mesh(self._compute_device).get_group())
         elif not getattr(self.rollout, "holds_weights", False):

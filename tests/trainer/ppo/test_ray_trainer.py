@@ -6,6 +6,7 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import get_kl_controller
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+from verl.trainer.ppo.rollout_source import ColocatedRollout
 from verl.workers.config import AlgorithmConfig, load_section
 
 
@@ -142,6 +143,7 @@ class _Loader:
 def test_save_checkpoint_keeps_max_actor_ckpt_to_keep(tmp_path, keep, left):
     trainer = trainer_for(f"trainer.default_local_dir={tmp_path}", f"trainer.max_actor_ckpt_to_keep={keep}")
     trainer.actor_wg, trainer.train_loader = _SavingGroup(), _Loader()
+    trainer.rollout_source = ColocatedRollout(trainer.actor_wg, trainer.train_loader)
     for step in (1, 2, 3):
         trainer.global_step = step
         trainer.save_checkpoint()

@@ -47,6 +47,8 @@ def test_what_verls_scripts_set_is_accepted():
             f"{R}.val_kwargs.n=4",
             f"{R}.val_kwargs.do_sample=True",
             "actor_rollout_ref.hybrid_engine=True",
+            "actor_rollout_ref.hybrid_engine=False",
+            "rollout.n_gpus_per_node=2",
             "actor_rollout_ref.nccl_timeout=1200",
         ]
     )
@@ -85,9 +87,14 @@ def test_what_verls_scripts_set_is_accepted():
             rf"{R}\.ignore_eos=true is not",
         ),
         (
-            ["actor_rollout_ref.hybrid_engine=false"],
-            r"actor_rollout_ref\.hybrid_engine=false asks for a rollout worker",
+            ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.actor.strategy=megatron"],
+            r"hybrid_engine=false with actor\.strategy=megatron",
         ),
+        (
+            ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=3"],
+            r"data\.train_batch_size=16 must be a multiple of the 3 rollout workers",
+        ),
+        (["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=0"], r"rollout\.nnodes must be an integer >= 1"),
         (["actor_rollout_ref.nccl_timeout=0"], r"actor_rollout_ref\.nccl_timeout must be a number > 0"),
         ([f"{R}.val_kwargs.top_p=0"], rf"{R}\.val_kwargs\.top_p must be a number > 0"),
         ([f"{R}.prompt_length=4"], rf"{R}\.prompt_length=4 is shorter than data\.max_prompt_length"),

@@ -49,6 +49,7 @@ def validate_with(val_kwargs: dict):
         config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout_config)),
         val_batches=[make_prompts(PROMPT_ROWS, num_prompt_tokens=4)],
         actor_wg=group,
+        rollout_wg=None,  # the rollout lives in the actor workers
         score=score,
         tokenizer=None,  # no validation samples logged (trainer.log_val_generations)
         tracker=None,

@@ -34,6 +34,7 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
+from verl.trainer.ppo.rollout_source import AsyncRollout, ColocatedRollout
 from verl.trainer.preemption import Preempted
 from verl.utils.checkpoint import (
     CheckpointWriteError,
@@ -127,6 +128,10 @@ class RayPPOTrainer:
         tokenizer: decodes the validation samples that ``trainer.log_val_generations`` logs (None: none logged).
         stop_signals: the driver's :class:`~verl.trainer.preemption.StopSignals`, asked between steps (None: the
             loop never stops early).
+        rollout_wg: the rollout worker group of its own (``actor_rollout_ref.hybrid_engine=false``): it generates
+            ahead of the trainer within ``async_training`` (:class:`~verl.trainer.ppo.rollout_source.AsyncRollout`;
+            the defaults: one step off policy); None: the rollout lives
+            in the actor workers.
     """
 
     def __init__(
@@ -144,6 +149,7 @@ class RayPPOTrainer:
         restarts: int = 0,
         tokenizer=None,
         stop_signals=None,
+        rollout_wg=None,
     ):
         self.config = config
         self.train_loader = train_loader
@@ -164,6 +170,21 @@ class RayPPOTrainer:
         self.tokenizer = tokenizer
         self.stop_signals = stop_signals
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
+        self.rollout_wg = rollout_wg
+        if rollout_wg is None:
+            self.rollout_source = ColocatedRollout(actor_wg, train_loader)
+        else:
+            rules = config.async_training
+            self.rollout_source = AsyncRollout(
+                rollout_wg,
+                actor_wg,
+                train_loader,
+                staleness_threshold=rules.staleness_threshold,
+                trigger_parameter_sync_step=rules.trigger_parameter_sync_step,
+                rollout_n=config.actor_rollout_ref.rollout.n,
+                partial_rollout=rules.partial_rollout,
+                wait_timeout_s=config.trainer.collective_timeout_s,
+            )
 
     # ------------------------------------------------------------------ the loop
 
@@ -175,6 +196,7 @@ class RayPPOTrainer:
             CheckpointWriteError: a checkpoint could not be written.
         """
         self.maybe_resume()
+        self.rollout_source.start()
         # Every step appears once in metrics.jsonl: after a resume, the rows of steps that run again go; a fresh
         # start in a directory with an earlier run's rows moves that file aside (nothing is deleted).
         if self.last_checkpoint is not None:
@@ -197,8 +219,7 @@ class RayPPOTrainer:
             self.stop_if_asked()
             if self.stop_signals is not None:
                 self.stop_signals.step_in_progress = self.global_step + 1
-            batch = next(self.train_loader)
-            metrics = self.train_step(batch)
+            metrics = self.train_step(self.rollout_source.next_prompts())
             metrics["trainer/restarts"] = float(self.restarts)
             self.global_step += 1
             is_last = self.global_step == self.total_training_steps
@@ -312,6 +333,8 @@ class RayPPOTrainer:
             with self._timed(timing, "update_actor"):
                 metrics.update(mean_over_ranks(self.actor_wg.update_actor(only_keys(batch, UPDATE_READS))))
         timing["step"] = time.perf_counter() - step_start
+        metrics.update(self.rollout_source.batch_metrics(batch, timing["step"], timing.get("wait_prev_gen", 0.0)))
+        metrics.update(self.rollout_source.after_update(metrics.get("actor/num_updates_successful", 0) > 0))
         metrics.update(self.batch_metrics(batch, timing, use_critic=self.critic_wg is not None))
         metrics.update(self._pop_call_overheads())
         metrics["data/batch_fingerprint"] = float(zlib.crc32("\n".join(map(str, prompt_texts)).encode()))
@@ -321,8 +344,7 @@ class RayPPOTrainer:
         """One generation round: each prompt gets a group id (``uid``); one worker call generates and computes the
         old and reference log-probs the run needs (timed by the worker); then the scores (``token_level_scores``).
         Timings add up over the rounds of a step."""
-        prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-        batch = self.actor_wg.generate_with_log_probs(prompts)
+        batch = self.rollout_source.generate(prompts, timing)  # each prompt gets its group id there
         for name, seconds in slowest_rank(batch.meta_info.pop("metrics")).items():
             name = name.removeprefix("timing_s/")
             timing[name] = timing.get(name, 0.0) + seconds
@@ -356,6 +378,8 @@ class RayPPOTrainer:
         """``timing_s/overhead/<method>``: seconds of each worker call beyond the work itself, summed over the calls
         since the last pop (splitting the batch, moving it to the workers and back, merging the results)."""
         overheads: dict[str, float] = {}
+        if self.rollout_wg is not None:
+            self.rollout_wg.pop_call_timings()  # its calls overlap the step: their wall time is not overhead
         for group in (self.actor_wg, self.critic_wg, self.reward_model_wg):
             if group is None:
                 continue
@@ -498,7 +522,7 @@ class RayPPOTrainer:
                 non_tensors=non_tensors,
                 meta_info=val_kwargs.as_overrides(),  # n, do_sample, temperature, top_k, top_p
             )
-            output = self.actor_wg.generate_sequences(prompts)
+            output = (self.rollout_wg or self.actor_wg).generate_sequences(prompts)
             score = self.score(output).sum(-1)
             scores.append(score)
             if len(samples) < num_samples:
@@ -553,7 +577,9 @@ class RayPPOTrainer:
                     tmp / "trainer_state.pt",
                     {
                         "global_step": self.global_step,
-                        "data_loader": self.train_loader.state_dict(),
+                        # one step off policy: the data position before the batch in flight, which is not saved
+                        "data_loader": self.rollout_source.loader_state(),
+                        "rollout_source": self.rollout_source.state_dict(),
                         # the adaptive KL coefficient moves every step: a resumed run must start where it stood
                         "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
                     },
@@ -586,6 +612,7 @@ class RayPPOTrainer:
         if self.critic_wg is not None:
             self.critic_wg.load_checkpoint(str(path / "critic"))
         self.train_loader.load_state_dict(state["data_loader"])
+        self.rollout_source.load_state_dict(state.get("rollout_source", {}))
         self.global_step = int(state["global_step"])
         if self.kl_ctrl is not None and state.get("kl_coef") is not None:
             self.kl_ctrl.value = float(state["kl_coef"])

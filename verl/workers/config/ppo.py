@@ -18,6 +18,7 @@ from verl.workers.config.algorithm import (
     KLControlConfig,
     RolloutCorrectionConfig,
 )
+from verl.workers.config.async_training import ONE_STEP_OFF_ASYNC_TRAINING, AsyncTrainingConfig
 from verl.workers.config.compat import CustomClsConfig, GlobalProfilerConfig, PFPPOConfig, check_ref_strategy
 from verl.workers.config.lora import check_lora
 from verl.workers.config.megatron import check_megatron_sections
@@ -47,6 +48,7 @@ class DataConfig(BaseConfig):
     num_train_examples: int
     num_val_examples: int
     train_batch_size: int
+    gen_batch_size: int | None
     val_batch_size: int | None
     max_prompt_length: int
     max_response_length: int
@@ -71,7 +73,9 @@ class DataConfig(BaseConfig):
             )
         check_int(self, "num_train_examples", 1)
         check_int(self, "num_val_examples", 0)
-        check_int(self, "train_batch_size", 1)
+        # 0 is verl's fully async setting: a local update's prompts then come from async_training.require_batches
+        check_int(self, "train_batch_size", 0)
+        check_int(self, "gen_batch_size", 1)
         check_int(self, "val_batch_size", 1)
         check_int(self, "max_prompt_length", 1)
         check_int(self, "max_response_length", 1)
@@ -92,12 +96,6 @@ class ActorRolloutRefConfig(BaseConfig):
     nccl_timeout: float | None
 
     def check(self) -> None:
-        if not self.hybrid_engine:
-            raise FieldError(
-                "hybrid_engine",
-                "=false asks for a rollout worker group of its own, which this project does not have: the rollout "
-                "always lives in the actor worker. Set it to true.",
-            )
         check_number(self, "nccl_timeout", 0.0, exclusive_min=True)
         check_ref_strategy(self.actor.strategy, self.ref.strategy)
 
@@ -239,6 +237,31 @@ class TrainerConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class RolloutGroupConfig(BaseConfig):
+    """``rollout``: the rollout worker group of its own (``actor_rollout_ref.hybrid_engine=false``), as verl's
+    one-step-off and fully async trainers size it; read only in that mode."""
+
+    KEY: ClassVar[str] = "rollout"
+
+    nnodes: int
+    n_gpus_per_node: int
+    total_rollout_steps: int | None
+    total_epochs: int | None
+    test_freq: int | None
+
+    def check(self) -> None:
+        check_int(self, "nnodes", 1)
+        check_int(self, "n_gpus_per_node", 1)
+        check_int(self, "total_rollout_steps", 1)
+        check_int(self, "total_epochs", 1)
+        check_int(self, "test_freq", 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.n_gpus_per_node
+
+
+@dataclasses.dataclass(frozen=True)
 class RayInitConfig(BaseConfig):
     """``ray_init``: join a cluster (an address) or start a local Ray instance."""
 
@@ -264,6 +287,8 @@ class PPOConfig(BaseConfig):
     custom_reward_function: CustomRewardFunctionConfig
     algorithm: AlgorithmConfig
     trainer: TrainerConfig
+    rollout: RolloutGroupConfig
+    async_training: AsyncTrainingConfig
     ray_init: RayInitConfig
     global_profiler: GlobalProfilerConfig
 
@@ -318,6 +343,7 @@ class PPOConfig(BaseConfig):
             )
 
     def check(self) -> None:
+        self._apply_async_sizes()
         actor = self.actor_rollout_ref.actor
         if self.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
             raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
@@ -339,6 +365,7 @@ class PPOConfig(BaseConfig):
             )
         self._check_rollout_log_probs_as_old()
         self._check_rollout()
+        self._check_separate_rollout()
         self._check_dapo()
         self._check_token_budgets()
         self._check_batch_sizes()
@@ -383,6 +410,90 @@ class PPOConfig(BaseConfig):
                 "actor_rollout_ref.rollout.calculate_log_probs=false leaves the rollout's log-probs out of the batch, "
                 "and algorithm.rollout_correction (or actor.use_rollout_log_probs) needs them; set "
                 "actor_rollout_ref.rollout.calculate_log_probs=true."
+            )
+
+    def _apply_async_sizes(self) -> None:
+        """verl's fully async sizes, in the keys the loader and the trainer read, with a rollout group of its own.
+
+        With ``async_training.require_batches`` a step (a local update) trains on ``require_batches`` x
+        ``actor.ppo_mini_batch_size`` prompts whatever ``data.train_batch_size`` says (verl's scripts set it to 0):
+        that becomes ``data.train_batch_size``. ``rollout.total_rollout_steps`` (prompts generated over the run)
+        becomes ``trainer.total_training_steps`` (that many prompts in local updates), ``rollout.total_epochs``
+        ``trainer.total_epochs``, and ``rollout.test_freq`` (validations every that many weight syncs)
+        ``trainer.test_freq`` (that many sync windows of steps).
+        """
+        group, rules = self.rollout, self.async_training
+        if self.data.gen_batch_size is not None and self.actor_rollout_ref.hybrid_engine:
+            raise ValueError(
+                "data.gen_batch_size is verl's prompts per request of the fully async rollouter; with "
+                "actor_rollout_ref.hybrid_engine=true each step generates data.train_batch_size prompts (DAPO's "
+                "extra rounds too): leave it null."
+            )
+        if self.actor_rollout_ref.hybrid_engine:
+            for name in ("total_rollout_steps", "total_epochs", "test_freq"):
+                if getattr(group, name) is not None:
+                    raise ValueError(
+                        f"rollout.{name} is set, but nothing reads it with actor_rollout_ref.hybrid_engine=true; use "
+                        f"trainer.{'total_training_steps' if name == 'total_rollout_steps' else name}, or set "
+                        "hybrid_engine=false for a rollout group of its own."
+                    )
+        else:
+            if rules.require_batches is not None:
+                size = rules.require_batches * self.actor_rollout_ref.actor.ppo_mini_batch_size
+                object.__setattr__(self.data, "train_batch_size", size)
+            if group.total_rollout_steps is not None and self.data.train_batch_size > 0:
+                steps = max(1, group.total_rollout_steps // self.data.train_batch_size)
+                object.__setattr__(self.trainer, "total_training_steps", steps)
+            if group.total_epochs is not None:
+                object.__setattr__(self.trainer, "total_epochs", group.total_epochs)
+            if group.test_freq is not None:
+                object.__setattr__(self.trainer, "test_freq", group.test_freq * rules.trigger_parameter_sync_step)
+        if self.data.train_batch_size < 1:
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size}: a step needs at least one prompt (0 is verl's "
+                "fully async setting, where async_training.require_batches sizes each local update)."
+            )
+
+    def _check_separate_rollout(self) -> None:
+        """A rollout worker group of its own (``hybrid_engine=false``, one step off policy): a backend whose weights
+        it can receive, prompts that split over its ranks, and no engine layout that spans the actor's ranks.
+        ``async_training`` is read only then."""
+        if self.actor_rollout_ref.hybrid_engine:
+            changed = [
+                name
+                for name, one_step_off in ONE_STEP_OFF_ASYNC_TRAINING.items()
+                if getattr(self.async_training, name) != one_step_off
+            ]
+            if changed:
+                raise ValueError(
+                    f"async_training.{changed[0]} is set, but nothing reads it with actor_rollout_ref.hybrid_engine="
+                    "true (the rollout in the actor workers, synchronous); set hybrid_engine=false for a rollout group "
+                    "of its own, or leave async_training as it is."
+                )
+            return
+        arr, world = self.actor_rollout_ref, self.rollout.world_size
+        if arr.actor.strategy == "megatron":
+            raise ValueError(
+                "actor_rollout_ref.hybrid_engine=false with actor.strategy=megatron: the rollout group of its own "
+                "receives Hugging Face weights, which only the dp and fsdp2 actors export to it here; use "
+                "strategy=fsdp2 (or dp), or hybrid_engine=true."
+            )
+        if arr.rollout.name == "vllm" and arr.rollout.tensor_model_parallel_size > 1:
+            raise ValueError(
+                "actor_rollout_ref.rollout.tensor_model_parallel_size>1 with hybrid_engine=false: each rank of the "
+                "rollout group runs an engine of its own here; set it to 1 and size the group with "
+                "rollout.n_gpus_per_node."
+            )
+        if self.async_training.partial_rollout and arr.rollout.name != "naive":
+            raise ValueError(
+                f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={arr.rollout.name}: only the "
+                "naive rollout stops between two tokens for new weights here (vLLM and hf finish each response with "
+                "the weights it started with); use rollout.name=naive, or partial_rollout=false."
+            )
+        if self.data.train_batch_size % world:
+            raise ValueError(
+                f"data.train_batch_size={self.data.train_batch_size} must be a multiple of the {world} rollout "
+                "workers (rollout.nnodes x rollout.n_gpus_per_node), which split each batch's prompts."
             )
 
     def _check_hf_only_features(self) -> None:
@@ -588,7 +699,7 @@ class PPOConfig(BaseConfig):
         actor, correction = self.actor_rollout_ref.actor, self.algorithm.rollout_correction
         if self.uses_rollout_log_probs_as_old:
             return False  # the rollout's own log-probs are the old ones
-        if actor.recompute_old_log_prob is True or self.algorithm.use_kl_in_reward:
+        if actor.recompute_old_log_prob is True or self.algorithm.use_kl_in_reward or self.prox_log_prob_pass:
             return True  # the KL penalty in the reward is computed from the old log-probs, before any update
         if correction.rollout_is is not None or correction.rollout_rs is not None:
             return True  # the importance weights pi_old / mu need pi_old before the update
@@ -599,8 +710,22 @@ class PPOConfig(BaseConfig):
     def uses_rollout_log_probs_as_old(self) -> bool:
         """Whether the rollout's log-probs serve as the old ones (``rollout_correction.bypass_mode`` or verl's
         ``actor.use_rollout_log_probs``), with no old-log-prob pass."""
-        return self.algorithm.rollout_correction.bypass_mode or self.actor_rollout_ref.actor.use_rollout_log_probs
+        if self.algorithm.rollout_correction.bypass_mode or self.actor_rollout_ref.actor.use_rollout_log_probs:
+            return True
+        from_async = self.separate_rollout and bool(self.async_training.use_rollout_log_probs)
+        return from_async and not self.prox_log_prob_pass
 
     @property
     def world_size(self) -> int:
         return self.trainer.world_size
+
+    @property
+    def separate_rollout(self) -> bool:
+        """Whether the rollout runs in a worker group of its own, one step off policy (``hybrid_engine=false``)."""
+        return not self.actor_rollout_ref.hybrid_engine
+
+    @property
+    def prox_log_prob_pass(self) -> bool:
+        """verl's ``async_training.compute_prox_log_prob`` with a rollout group of its own: the trainer computes the
+        old (proximal) log-probs, and the rollout's serve rollout correction."""
+        return self.separate_rollout and self.async_training.compute_prox_log_prob

@@ -25,6 +25,7 @@ from verl.protocol import DataProto
 from verl.utils.padding_free import real_column_span
 from verl.utils.registry import Registry
 from verl.workers.config.rollout import OVERRIDABLE_KEYS, ROLLOUT_KEY, SamplingParams
+from verl.workers.rollout.partial import WEIGHT_VERSION_KEY, WeightSwitch, continue_paused
 from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
 
 __all__ = [
@@ -92,6 +93,9 @@ class BaseRollout(ABC):
         self.params = SamplingParams.from_config(config)
         self.pad_token_id = int(pad_token_id)
         self.eos_ids = as_eos_ids(eos_token_id)
+        # partial rollouts (verl.workers.rollout.partial): set by the rollout worker; a rollout that can stop
+        # between two tokens asks it after each one
+        self.weight_switch: WeightSwitch | None = None
 
     @property
     def stop_ids(self) -> list[int]:
@@ -122,9 +126,30 @@ class BaseRollout(ABC):
         attention_mask = repeated.batch["attention_mask"].long()
         # prompts are left-padded to data.max_prompt_length: the columns that are padding in every row go
         start = min(real_column_span(attention_mask)[0], input_ids.shape[1] - 1)
-        generated = self._generate_tokens(input_ids[:, start:], attention_mask[:, start:], params)
+        input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
+        switch = self.weight_switch
+        first_version = switch.apply_staged() if switch is not None else None  # the newest weights, before a token
+        generated = self._generate_tokens(input_ids, attention_mask, params)
         responses, log_probs = generated if isinstance(generated, tuple) else (generated, None)
-        return build_rollout_output(
+        versions = None
+        if switch is not None and log_probs is not None:
+
+            def generate_more(ids: torch.Tensor, mask: torch.Tensor, budget: int):
+                return self._generate_tokens(ids, mask, params.replace(n=1, response_length=budget))
+
+            responses, log_probs, versions = continue_paused(
+                generate_more,
+                input_ids,
+                attention_mask,
+                responses,
+                log_probs,
+                params.response_length,
+                self.stop_ids,
+                switch,
+                first_version,
+                self.pad_token_id,
+            )
+        output = build_rollout_output(
             repeated,
             responses,
             params.response_length,
@@ -133,6 +158,11 @@ class BaseRollout(ABC):
             raw_log_probs=log_probs,
             ignore_eos=params.ignore_eos,
         )
+        if versions is not None:  # each response token's weight version, the last one past the generated columns
+            missing = params.response_length - versions.shape[1]
+            last = versions[:, -1:] if versions.shape[1] else versions.new_full((len(output), 1), first_version)
+            output.batch[WEIGHT_VERSION_KEY] = torch.cat([versions, last.expand(-1, missing)], dim=-1)
+        return output
 
     @abstractmethod
     def _generate_tokens(

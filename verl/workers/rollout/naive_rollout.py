@@ -189,6 +189,9 @@ class NaiveRollout(BaseRollout):
                 finished |= is_eos(next_tokens, self.stop_ids)
                 if num_steps == params.response_length:
                     break
+                if self.weight_switch is not None and self.weight_switch.requested():
+                    break  # newer weights wait: the caller continues the unfinished rows with them
+
                 stop, finished_host = self._finished_on_host(finished)
                 if stop:
                     break

@@ -1,0 +1,288 @@
+"""The one-step-off rollout source, driven against stand-in worker groups that keep Ray's ordering rule.
+
+A real Ray worker runs the calls it receives one after another, in the order they were made; the stand-in rollout
+group does the same with a queue (each call runs when something waits for it or for a later call), so the versions
+the batches are sampled with follow from the order of the driver's calls alone, as they do on Ray.
+"""
+
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.ppo.rollout_source import AsyncRollout
+from verl.workers.rollout_worker import WEIGHT_VERSION_KEY
+
+
+class _Loader:
+    """Prompt batches 0, 1, 2, ... (a batch's ``index`` says which), with a position to save and restore."""
+
+    def __init__(self):
+        self.position = 0
+
+    def __next__(self):
+        batch = DataProto.from_dict(tensors={"index": torch.full((2,), self.position)})
+        self.position += 1
+        return batch
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+class _Pending:
+    def __init__(self, group, call_id):
+        self.group, self.call_id = group, call_id
+
+    def unfinished_ranks(self, timeout_s):
+        return [0] if self.group.hangs else []
+
+    def get(self):
+        return self.group.run_until(self.call_id)
+
+
+class _RolloutGroup:
+    """Runs its calls in submission order, each when something waits for it (or for a later call)."""
+
+    def __init__(self, gen_seconds=0.0):
+        self.queue = deque()
+        self.results = {}
+        self.next_id = 0
+        self.version = None  # no weights until the first load_weights
+        self.gen_seconds = gen_seconds
+        self.log = []
+        self.hangs = False
+
+    def generation_timeout(self, rank, timeout_s):
+        from verl.single_controller.results import GenerationTimeoutError
+
+        return GenerationTimeoutError("rollout", rank, "node-a", "10.0.0.1", f"no result {timeout_s:g} s after")
+
+    def submit(self, method, *args):
+        self.queue.append((self.next_id, method, args))
+        self.next_id += 1
+        return _Pending(self, self.next_id - 1)
+
+    def run_until(self, call_id):
+        while call_id not in self.results:
+            cid, method, args = self.queue.popleft()
+            self.results[cid] = getattr(self, "_" + method)(*args)
+        return self.results.pop(call_id)
+
+    def _load_weights(self, weights, version):
+        self.version = version
+        self.log.append(("load", version))
+
+    _stage_weights = _load_weights  # the stand-in has no generation in progress to switch in the middle of
+
+    def _generate_sequences(self, prompts):
+        assert self.version is not None, "generated before any weights arrived"
+        time.sleep(self.gen_seconds)
+        rows = len(prompts)
+        self.log.append(("gen", int(prompts.batch["index"][0]), self.version))
+        out = DataProto.from_dict(
+            tensors={
+                "index": prompts.batch["index"],
+                "response_mask": torch.ones(rows, 3, dtype=torch.long),
+                WEIGHT_VERSION_KEY: torch.full((rows, 3), self.version),
+            }
+        )
+        out.meta_info["metrics"] = {"timing_s/gen": [self.gen_seconds]}
+        return out
+
+
+class _ActorGroup:
+    def __init__(self):
+        self.exports = 0
+
+    def export_weights(self):
+        self.exports += 1
+        return [{"w": torch.zeros(1)}, None]
+
+    def add_log_probs(self, generated):
+        generated.meta_info["metrics"] = {}
+        return generated
+
+
+@pytest.fixture(autouse=True)
+def _no_object_store(monkeypatch):
+    monkeypatch.setattr("verl.trainer.ppo.rollout_source.ray.put", lambda value: value)
+
+
+def run_steps(source, applied, train_seconds=0.0):
+    """The trainer's loop: per step, take the next prompts, get their samples, 'train', report the update.
+    Returns per step (prompt batch index, staleness metrics)."""
+    source.start()
+    steps = []
+    for was_applied in applied:
+        timing = {}
+        step_start = time.perf_counter()
+        prompts = source.next_prompts()
+        batch = source.generate(prompts, timing)
+        time.sleep(train_seconds)
+        metrics = source.batch_metrics(batch, time.perf_counter() - step_start, timing["wait_prev_gen"])
+        metrics.update(source.after_update(was_applied))
+        steps.append((int(batch.batch["index"][0]), metrics))
+    return steps
+
+
+def test_one_step_off_trains_on_batch_t_sampled_by_the_weights_of_update_t_minus_1():
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=1.0)
+    steps = run_steps(source, applied=[True] * 4)
+    # batches are trained in order 0, 1, 2, 3
+    assert [index for index, _ in steps] == [0, 1, 2, 3]
+    # batch 0 is sampled by version 0 and trained at version 0 (nothing trained yet): staleness 0. Batch t >= 1 is
+    # launched when batch t-1 is taken, before update t-1 lands, so it is sampled by version t-1 and trained at
+    # version t: staleness 1.
+    assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0, 1.0, 1.0, 1.0]
+    assert [entry for entry in rollout.log if entry[0] == "gen"][:4] == [
+        ("gen", 0, 0),
+        ("gen", 1, 0),
+        ("gen", 2, 1),
+        ("gen", 3, 2),
+    ]
+    # each applied update sends weights (plus the first send at start): versions 1..4 after the steps
+    assert [m["fully_async/count/current_param_version"] for _, m in steps] == [1.0, 2.0, 3.0, 4.0]
+    # 2 rows per batch, rollout_n 1: three stale batches of 2 rows = 6 samples and 6 trajectories
+    assert steps[-1][1]["fully_async/count/stale_samples_processed"] == 6.0
+    assert steps[-1][1]["fully_async/count/stale_trajectory_processed"] == 6.0
+
+
+def test_a_skipped_update_sends_no_weights_and_keeps_the_version():
+    rollout, actor = _RolloutGroup(), _ActorGroup()
+    source = AsyncRollout(rollout, actor, _Loader(), staleness_threshold=1.0)
+    steps = run_steps(source, applied=[False, False, True, False, True])
+    # one export at start, then one per applied update (steps 3 and 5)
+    assert actor.exports == 3
+    assert [m["timing_s/sync_rollout_weights"] > 0 for _, m in steps] == [False, False, True, False, True]
+    # the version moves only on applied updates; batches sampled before any update are not stale
+    assert [m["fully_async/count/current_param_version"] for _, m in steps] == [0.0, 0.0, 1.0, 1.0, 2.0]
+    # batch 3 was launched when batch 2 was taken (version 0) and is trained at version 1: stale by 1
+    assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_with_no_batch_ahead_every_batch_is_sampled_by_the_latest_weights():
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=0.0)
+    steps = run_steps(source, applied=[True] * 4)
+    assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0] * 4
+    assert [entry[2] for entry in rollout.log if entry[0] == "gen"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("gen_seconds, train_seconds", [(0.05, 0.0), (0.0, 0.05)], ids=["slow-rollout", "slow-trainer"])
+def test_staleness_never_exceeds_one_under_a_slow_side(gen_seconds, train_seconds):
+    source = AsyncRollout(_RolloutGroup(gen_seconds), _ActorGroup(), _Loader(), staleness_threshold=1.0)
+    steps = run_steps(source, applied=[True] * 6, train_seconds=train_seconds)
+    assert max(m["fully_async/staleness/max"] for _, m in steps) == 1.0
+    idle = [m["trainer/idle_ratio"] for _, m in steps[1:]]
+    # the stand-in generates only when waited on, so the trainer always waits out the generation: with a slow
+    # rollout it is idle most of the step, with a slow trainer (0.05 s of training, no generation time) hardly
+    assert all(0.0 <= value <= 1.0 for value in idle)
+    if gen_seconds > train_seconds:
+        assert min(idle) > 0.5
+    else:
+        assert max(idle) < 0.5
+
+
+def test_a_checkpoint_saves_the_data_position_before_the_batch_in_flight():
+    loader = _Loader()
+    source = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0)
+    run_steps(source, applied=[True, True])
+    # batches 0 and 1 were trained, batches 2 and 3 are in flight (one step off: two batches a version, one of
+    # them waiting at each sync): the loader has handed out 4 batches, the checkpoint position is 2 so that a
+    # resumed run generates batches 2 and 3 again
+    assert loader.position == 4
+    assert source.loader_state() == {"position": 2}
+    state = source.state_dict()
+    assert state["version"] == 2
+
+    resumed = AsyncRollout(_RolloutGroup(), _ActorGroup(), _Loader(), staleness_threshold=1.0)
+    resumed.train_loader.load_state_dict(source.loader_state())
+    resumed.load_state_dict(state)
+    steps = run_steps(resumed, applied=[True])
+    # the first batch after the resume is batch 2, sampled by the checkpoint's weights (version 2): not stale
+    assert steps[0][0] == 2
+    assert steps[0][1]["fully_async/staleness/max"] == 0.0
+    assert steps[0][1]["fully_async/count/current_param_version"] == 3.0
+    # the stale counts carry on: batch 1 was stale (2 rows), nothing since
+    assert steps[0][1]["fully_async/count/stale_samples_processed"] == 2.0
+
+
+def test_rollouter_idle_ratio_is_the_share_of_time_not_generating():
+    source = AsyncRollout(_RolloutGroup(gen_seconds=0.0), _ActorGroup(), _Loader(), staleness_threshold=1.0)
+    steps = run_steps(source, applied=[True] * 3, train_seconds=0.02)
+    # no generation time at all: the rollout group was idle the whole time
+    assert all(np.isclose(m["rollouter/idle_ratio"], 1.0) for _, m in steps)
+
+
+def test_bad_rules_are_refused():
+    with pytest.raises(ValueError, match="staleness_threshold must be >= 0"):
+        AsyncRollout(_RolloutGroup(), _ActorGroup(), _Loader(), staleness_threshold=-1.0)
+    with pytest.raises(ValueError, match="trigger_parameter_sync_step >= 1"):
+        AsyncRollout(_RolloutGroup(), _ActorGroup(), _Loader(), trigger_parameter_sync_step=0)
+
+
+def test_fully_async_syncs_every_trigger_steps_and_bounds_the_batches_per_version():
+    # threshold 0.5, a sync every 2 steps: floor(1.5 x 2) = 3 batches per version. Version 0 starts batches 0-2;
+    # steps 1-2 train batches 0-1 and sync (version 1), with batch 2 still waiting, so version 1 may start
+    # 3 - 1 = 2 batches (3, 4); steps 3-4 train batch 2 (stale: version 0 at version 1) and batch 3, and sync
+    # (version 2) with batch 4 waiting: batches 5, 6 by version 2; and so on.
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=0.5, trigger_parameter_sync_step=2)
+    steps = run_steps(source, applied=[True] * 6)
+    assert [index for index, _ in steps] == [0, 1, 2, 3, 4, 5]
+    # (the stand-in runs a call when it is waited for: batch 6, started at the last sync, never ran)
+    generated = [entry[1:] for entry in rollout.log if entry[0] == "gen"]
+    assert generated == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2)]
+    # waiting after step 6: batch 6 (version 2) and batches 7, 8 (version 3's budget: 3 less the one waiting)
+    assert [item.version for item in source.in_flight] == [2, 3, 3]
+    assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    # a sync (and its transfer) only at the end of each window of 2 steps
+    assert [m["timing_s/sync_rollout_weights"] > 0 for _, m in steps] == [False, True] * 3
+    assert [m["fully_async/count/current_param_version"] for _, m in steps] == [0.0, 1.0, 1.0, 2.0, 2.0, 3.0]
+
+
+def test_threshold_0_with_several_updates_per_sync_samples_each_window_by_its_version():
+    # floor(1 x 3) = 3 batches per version: each window's 3 batches are started after the previous sync
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=0.0, trigger_parameter_sync_step=3)
+    steps = run_steps(source, applied=[True] * 6)
+    assert [entry[2] for entry in rollout.log if entry[0] == "gen"][:6] == [0, 0, 0, 1, 1, 1]
+    assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0] * 6
+
+
+def test_token_versions_give_each_response_its_oldest_version_and_its_span():
+    from verl.trainer.ppo.rollout_source import token_version_range
+
+    # row 0: versions 3, 3, 4 over its three tokens (cut by a switch): oldest 3, span 1. Row 1: version 3, then its
+    # padding (mask 0) carries version 5, which does not count: oldest 3, newest 3. Row 2: no token at all: its
+    # first column's version, 2.
+    batch = DataProto.from_dict(
+        tensors={
+            WEIGHT_VERSION_KEY: torch.tensor([[3, 3, 4], [3, 5, 5], [2, 2, 2]]),
+            "response_mask": torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]]),
+        }
+    )
+    oldest, newest = token_version_range(batch)
+    assert oldest.tolist() == [3, 3, 2]
+    assert newest.tolist() == [4, 3, 2]
+
+
+def test_a_rollout_rank_that_never_returns_stops_the_run_naming_it():
+    from verl.single_controller.results import GenerationTimeoutError, WorkerDiedError
+
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), wait_timeout_s=0.5)
+    source.start()
+    rollout.hangs = True
+    with pytest.raises(GenerationTimeoutError) as info:
+        source.generate(source.next_prompts(), {})
+    # a death-like error: main_ppo's restart rule (trainer.max_restarts) covers it
+    assert isinstance(info.value, WorkerDiedError)
+    assert str(info.value).startswith("worker rollout rank 0 on node node-a (10.0.0.1) returned no samples in time")

@@ -1,0 +1,1 @@
+"""Entry points under verl's ``verl.experimental`` names, so that verl's commands start unchanged."""

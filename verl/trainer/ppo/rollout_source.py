@@ -1,0 +1,317 @@
+"""Where a training step's samples come from: the actor workers' own rollout, or a rollout group one step ahead.
+
+The trainer asks a source for the prompts of its next step (:meth:`next_prompts`), for the samples of those
+prompts with the old and reference log-probs the run needs (:meth:`generate`), and tells it after each update
+whether the update was applied (:meth:`after_update`).
+
+- :class:`ColocatedRollout` (``actor_rollout_ref.hybrid_engine=true``): the rollout lives in the actor workers;
+  each step generates, then trains, on the weights of the previous update.
+- :class:`AsyncRollout` (``hybrid_engine=false``): a rollout worker group of its own
+  (:class:`~verl.workers.rollout_worker.RolloutWorker`) generates ahead of the trainer, within verl's
+  ``async_training`` rules (:class:`~verl.workers.config.async_training.AsyncTrainingConfig`). The driver owns the
+  versions: after every ``trigger_parameter_sync_step`` steps (local updates) in which some update was applied, the
+  actor's weights go to the rollout group as the next version (none when every update of the window was skipped:
+  the weights did not change). Between two syncs the rollout group may start at most ``floor((1 +
+  staleness_threshold) x trigger_parameter_sync_step)`` batches, less the batches started earlier that still wait.
+  A batch is sampled by the version the rollout group held when it started (``weight_version`` on every row) and
+  trained at the trainer's version when it is taken; the difference is its staleness. The defaults (threshold 1, a
+  sync after every step) are one step off policy: batch t+1 is generated while batch t trains, by the weights of
+  update t-1. Threshold 0 is synchronous: each batch is sampled by the newest weights.
+
+Calls to one Ray worker run in the order they were made, so the driver never waits to order a sync and a
+generation: a sync sent while the rollout group generates the next batch reaches it after that batch, and the
+batch after it is sampled by the new weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from verl.protocol import DataProto
+from verl.workers.rollout_worker import WEIGHT_VERSION_KEY
+
+
+def assign_group_ids(prompts: DataProto) -> DataProto:
+    """Each prompt's group id (``uid``), shared by its ``rollout.n`` responses; in place, returns ``prompts``."""
+    prompts.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+    return prompts
+
+
+class ColocatedRollout:
+    """The rollout in the actor workers (verl's hybrid engine): generate, then train."""
+
+    def __init__(self, actor_wg, train_loader):
+        self.actor_wg = actor_wg
+        self.train_loader = train_loader
+
+    def start(self) -> None:
+        """Nothing to send: the rollout samples with the actor's own weights."""
+
+    def next_prompts(self) -> DataProto:
+        return next(self.train_loader)
+
+    def generate(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
+        """Samples of ``prompts`` with the log-probs the run needs, in one call to the actor workers."""
+        del timing  # the worker times its own passes (meta_info["metrics"])
+        return self.actor_wg.generate_with_log_probs(assign_group_ids(prompts))
+
+    def after_update(self, applied: bool) -> dict[str, float]:
+        """The actor workers send new weights to a rollout holding its own copy themselves."""
+        return {}
+
+    def batch_metrics(self, batch: DataProto, step_seconds: float, wait_seconds: float) -> dict[str, float]:
+        """Every sample is fresh: no staleness to report."""
+        return {}
+
+    def loader_state(self) -> dict[str, Any]:
+        """The data position a checkpoint saves: the prompts after it have not been trained on."""
+        return self.train_loader.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass
+class _InFlight:
+    """A batch the rollout group is generating: its prompts, the call, and where the data stood before them."""
+
+    prompts: DataProto
+    pending: Any  # PendingResult of RolloutWorker.generate_sequences
+    version: int  # the version of the weights the rollout group will sample it with
+    loader_state_before: dict[str, Any]
+
+
+class AsyncRollout:
+    """A rollout worker group of its own, ahead of the trainer within the staleness rule.
+
+    Args:
+        rollout_wg: the :class:`~verl.workers.rollout_worker.RolloutWorker` group.
+        actor_wg: the actor group: it sends its weights (``export_weights``) and computes the old and reference
+            log-probs of each generated batch (``add_log_probs``).
+        train_loader: the prompt batches (one per step), drawn ahead of training.
+        staleness_threshold: verl's ``async_training.staleness_threshold`` (0: synchronous; 1: one step off).
+        trigger_parameter_sync_step: steps between two weight syncs.
+        rollout_n: responses per prompt (``rollout.n``): trajectories of a prompt, for the stale counts.
+        partial_rollout: send weights to the rollout workers' weights thread, which switches to them between two
+            tokens of the generation in flight (else they wait for it to end).
+        wait_timeout_s: the longest the trainer waits for a batch once it asks for it (``trainer.
+            collective_timeout_s``); past it the run stops with
+            :class:`~verl.single_controller.results.GenerationTimeoutError` naming the rank, never hangs.
+    """
+
+    def __init__(
+        self,
+        rollout_wg,
+        actor_wg,
+        train_loader,
+        staleness_threshold: float = 1.0,
+        trigger_parameter_sync_step: int = 1,
+        rollout_n: int = 1,
+        partial_rollout: bool = False,
+        wait_timeout_s: float = 600.0,
+    ):
+        if staleness_threshold < 0 or trigger_parameter_sync_step < 1:
+            raise ValueError(
+                f"staleness_threshold must be >= 0 and trigger_parameter_sync_step >= 1, got {staleness_threshold} "
+                f"and {trigger_parameter_sync_step}."
+            )
+        self.rollout_wg = rollout_wg
+        self.actor_wg = actor_wg
+        self.train_loader = train_loader
+        self.trigger_parameter_sync_step = trigger_parameter_sync_step
+        # batches the rollout group may start per weight version (verl: (1 + threshold) x the samples of a sync)
+        self.batches_per_version = max(1, math.floor((1 + staleness_threshold) * trigger_parameter_sync_step + 1e-9))
+        self.rollout_n = rollout_n
+        self.wait_timeout_s = wait_timeout_s
+        # partial rollouts: weights go to a thread of their own in each rollout worker, which switches to them
+        # between two tokens of the generation in flight; else they wait for it to end
+        self.sync_method = "stage_weights" if partial_rollout else "load_weights"
+        self.version = 0  # weight versions sent after the first: syncs of windows in which an update was applied
+        self.steps_since_sync = 0
+        self.applied_since_sync = False
+        self.started_in_version = 0  # batches started since the last sync
+        self.budget = self.batches_per_version  # batches the rollout group may start before the next sync
+        self.in_flight: deque[_InFlight] = deque()
+        self.stale_samples_processed = 0  # prompts trained on with staleness > 0 (verl's "samples")
+        self.stale_trajectories_processed = 0  # their responses (verl's "trajectories")
+        self._rollout_busy_s = 0.0  # the rollout group's generation seconds since the last step's metrics
+        self._last_metrics_at: float | None = None
+        self._version_at_take = 0  # the trainer's version when the step's samples were taken
+        self._last_sync = None  # the pending load_weights call, checked at the next sync
+
+    # ------------------------------------------------------------------ the trainer's calls
+
+    def start(self) -> None:
+        """Send the trainer's weights at :attr:`version` (0 on a fresh run, the one saved with the checkpoint after
+        a resume) and start the first version's batches."""
+        self._send_weights()
+        self._last_metrics_at = time.perf_counter()
+        self._start_allowed()
+
+    def next_prompts(self) -> DataProto:
+        """The prompts of the next training step: the oldest batch in flight."""
+        if not self.in_flight:  # the rule always leaves one in flight; this is a bug, not a state to wait out
+            raise RuntimeError("no batch in flight: the rollout group was given no budget for this version")
+        return self.in_flight[0].prompts
+
+    def generate(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
+        """The samples of ``prompts`` with the old and reference log-probs the run needs.
+
+        For the batch in flight, wait for it (``timing["wait_prev_gen"]``), then let the actor workers add the
+        log-probs while the rollout group generates what is started after it. Other prompts (DAPO's extra rounds)
+        are generated now, after what is in flight.
+        """
+        start = time.perf_counter()
+        self._version_at_take = self.version
+        if self.in_flight and self.in_flight[0].prompts is prompts:
+            pending = self.in_flight.popleft().pending
+        else:
+            pending = self._submit(prompts)
+        late = pending.unfinished_ranks(self.wait_timeout_s)
+        if late:
+            raise self.rollout_wg.generation_timeout(late[0], self.wait_timeout_s)
+        generated = pending.get()
+        timing["wait_prev_gen"] = timing.get("wait_prev_gen", 0.0) + time.perf_counter() - start
+        gen_s = max(_as_list(generated.meta_info.pop("metrics")["timing_s/gen"]))
+        timing["gen"] = timing.get("gen", 0.0) + gen_s
+        self._rollout_busy_s += gen_s
+        return self.actor_wg.add_log_probs(generated)
+
+    def after_update(self, applied: bool) -> dict[str, float]:
+        """After the step's update. At the end of a sync window (``trigger_parameter_sync_step`` steps): the next
+        version and its weights for the rollout group when some update of the window was applied, and the budget of
+        batches the rollout group may start before the next sync.
+
+        Returns ``timing_s/sync_rollout_weights`` (0 when nothing was sent) and
+        ``fully_async/count/current_param_version``.
+        """
+        seconds = 0.0
+        self.steps_since_sync += 1
+        self.applied_since_sync = self.applied_since_sync or applied
+        if self.steps_since_sync == self.trigger_parameter_sync_step:
+            if self.applied_since_sync:
+                self.version += 1
+                start = time.perf_counter()
+                self._send_weights()
+                seconds = time.perf_counter() - start
+            self.steps_since_sync, self.applied_since_sync = 0, False
+            # what was started before this sync and still waits counts against the new version's budget
+            self.started_in_version, self.budget = 0, max(1, self.batches_per_version - len(self.in_flight))
+            self._start_allowed()
+        return {
+            "timing_s/sync_rollout_weights": seconds,
+            "fully_async/count/current_param_version": float(self.version),
+        }
+
+    def batch_metrics(self, batch: DataProto, step_seconds: float, wait_seconds: float) -> dict[str, float]:
+        """The staleness of the step's batch and the idle shares of both sides.
+
+        ``fully_async/staleness/{mean,max}`` (the trainer's version minus the oldest ``weight_version`` of each
+        response's tokens), the running counts ``fully_async/count/stale_{samples,trajectory}_processed`` (prompts
+        and responses trained with staleness > 0), ``fully_async/partial/{total_partial_num,partial_ratio,
+        max_partial_span}`` (responses whose tokens come from more than one version, their share, and the most
+        versions one spans), ``trainer/idle_ratio`` (the step's share spent waiting for samples) and
+        ``rollouter/idle_ratio`` (the share of the time since the last step the rollout group did not generate).
+        """
+        oldest, newest = token_version_range(batch)
+        staleness = self._version_at_take - oldest
+        span = newest - oldest
+        stale_rows = int((staleness > 0).sum())
+        self.stale_trajectories_processed += stale_rows
+        self.stale_samples_processed += stale_rows // max(self.rollout_n, 1)
+        now = time.perf_counter()
+        since = max(now - (self._last_metrics_at or now), 1e-9)
+        rollouter_idle = max(0.0, 1.0 - self._rollout_busy_s / since)
+        self._last_metrics_at, self._rollout_busy_s = now, 0.0
+        return {
+            "fully_async/staleness/mean": float(np.mean(staleness)),
+            "fully_async/staleness/max": float(np.max(staleness)),
+            "fully_async/count/stale_samples_processed": float(self.stale_samples_processed),
+            "fully_async/count/stale_trajectory_processed": float(self.stale_trajectories_processed),
+            "fully_async/partial/total_partial_num": float((span > 0).sum()),
+            "fully_async/partial/partial_ratio": float((span > 0).mean()),
+            "fully_async/partial/max_partial_span": float(span.max()),
+            "trainer/idle_ratio": wait_seconds / max(step_seconds, 1e-9),
+            "rollouter/idle_ratio": rollouter_idle,
+        }
+
+    def loader_state(self) -> dict[str, Any]:
+        """The data position a checkpoint saves: before the batches in flight, which a resumed run generates again
+        (with the checkpoint's weights); the samples in flight are not saved."""
+        if self.in_flight:
+            return self.in_flight[0].loader_state_before
+        return self.train_loader.state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs: the version, the sync window's position and the stale counts. The batches in
+        flight are not saved: a resumed run starts them again with the checkpoint's weights."""
+        return {
+            "version": self.version,
+            "steps_since_sync": self.steps_since_sync,
+            "applied_since_sync": self.applied_since_sync,
+            "stale_samples_processed": self.stale_samples_processed,
+            "stale_trajectories_processed": self.stale_trajectories_processed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.version = int(state.get("version", 0))
+        self.steps_since_sync = int(state.get("steps_since_sync", 0))
+        self.applied_since_sync = bool(state.get("applied_since_sync", False))
+        self.stale_samples_processed = int(state.get("stale_samples_processed", 0))
+        self.stale_trajectories_processed = int(state.get("stale_trajectories_processed", 0))
+
+    # ------------------------------------------------------------------ the rollout group
+
+    def _start_allowed(self) -> None:
+        """Start batches while this version's budget allows."""
+        while self.started_in_version < self.budget:
+            self._launch()
+            self.started_in_version += 1
+
+    def _launch(self) -> None:
+        before = self.train_loader.state_dict()
+        prompts = next(self.train_loader)
+        self.in_flight.append(_InFlight(prompts, self._submit(prompts), self.version, before))
+
+    def _submit(self, prompts: DataProto):
+        return self.rollout_wg.submit("generate_sequences", assign_group_ids(prompts))
+
+    def _send_weights(self) -> None:
+        """The actor's weights, once into Ray's object store, to every rollout rank as version :attr:`version`
+        (queued behind the generation in flight)."""
+        weights = next(w for w in self.actor_wg.export_weights() if w is not None)
+        if self._last_sync is not None:
+            # done by now (the generation it was queued behind has been taken): raises what it raised
+            self._last_sync.get()
+        self._last_sync = self.rollout_wg.submit(self.sync_method, ray.put(weights), self.version)
+
+
+def token_version_range(batch: DataProto) -> tuple[np.ndarray, np.ndarray]:
+    """Per response: the oldest and the newest weight version among its tokens (``weight_version`` (B, R) under the
+    response mask; a per-row (B,) version is both; a response with no token takes its first column's)."""
+    versions = batch.batch[WEIGHT_VERSION_KEY]
+    if versions.dim() == 1:
+        return versions.numpy(), versions.numpy()
+    mask = batch.batch["response_mask"].bool()
+    has_tokens = mask.any(dim=-1)
+    oldest = torch.where(mask, versions, versions.max() + 1).min(dim=-1).values
+    newest = torch.where(mask, versions, versions.min() - 1).max(dim=-1).values
+    oldest = torch.where(has_tokens, oldest, versions[:, 0])
+    newest = torch.where(has_tokens, newest, versions[:, 0])
+    return oldest.numpy(), newest.numpy()
+
+
+def _as_list(value) -> list[float]:
+    return list(value) if isinstance(value, list | tuple) else [float(value)]
