@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=2, help="first steps left out of the medians")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     args = parser.parse_args(argv)
-    results: dict[str, Any] = {"machine": common.machine_info(), "sizes": {}}
+    results: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for size in args.sizes.split(","):
@@ -161,8 +161,7 @@ def main(argv=None) -> int:
                     )
             results["sizes"][size] = runs
     print_table(results)
-    out = common.RESULTS_DIR / f"async_{time.strftime('%Y%m%d_%H%M%S')}.json"
-    out.write_text(json.dumps(results, indent=2))
+    out = common.write_results("bench_async", results)
     print(f"results: {out}")
     return 0
 
