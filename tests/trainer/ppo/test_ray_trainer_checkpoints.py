@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import verl.trainer.ppo.ray_trainer as ray_trainer
+import verl.trainer.ppo.trainer_checkpoints as trainer_checkpoints
 from verl.single_controller import WorkerDiedError
 from verl.trainer.preemption import Preempted, StopSignals
 from verl.utils.checkpoint import (
@@ -94,7 +94,7 @@ def test_a_read_only_directory_for_the_drivers_file_is_named(tmp_path, monkeypat
     def read_only(path, state):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
-    monkeypatch.setattr(ray_trainer, "save_state", read_only)
+    monkeypatch.setattr(trainer_checkpoints, "save_state", read_only)
     trainer.global_step = 6
     with pytest.raises(CheckpointWriteError) as info:
         trainer.save_checkpoint()
@@ -126,7 +126,7 @@ def test_a_failed_clean_up_of_old_checkpoints_does_not_stop_the_run(tmp_path, mo
     def refuse(root, newest, keep, roles):
         raise PermissionError(errno.EACCES, "Permission denied", str(root))
 
-    monkeypatch.setattr(ray_trainer, "prune_checkpoints", refuse)
+    monkeypatch.setattr(trainer_checkpoints, "prune_checkpoints", refuse)
     with caplog.at_level(logging.WARNING, logger="verl.trainer"):
         _saved_at(trainer, 3, 6)
     assert trainer.last_checkpoint == tmp_path / "global_step_6"  # the new checkpoint is complete and counts

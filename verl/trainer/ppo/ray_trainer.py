@@ -1,18 +1,16 @@
 """RayPPOTrainer: the driver's loop — rollout, log-probs, reward, advantages, updates, metrics, checkpoints.
 
 One obvious loop (:meth:`RayPPOTrainer.fit`); each step is :meth:`RayPPOTrainer.train_step`. The driver holds no
-model: worker groups do the heavy work and DataProto carries the batch between them. Checkpoints are written as
-``global_step_N`` directories, atomically, with the actor (and critic) state and the data position; a write that
-fails raises :class:`~verl.utils.checkpoint_errors.CheckpointWriteError` and leaves nothing of the attempt
-behind. Between two steps the loop answers a stop signal (:mod:`verl.trainer.preemption`): it saves and raises
-``Preempted``.
+model: worker groups do the heavy work and DataProto carries the batch between them; where a step's samples come
+from is its rollout source (:mod:`verl.trainer.ppo.rollout_source`). Checkpoints (written atomically, resumed,
+pruned, and the save a stop signal asks for between two steps) are :class:`~verl.trainer.ppo.trainer_checkpoints.
+CheckpointMixin`; validation is :class:`~verl.trainer.ppo.trainer_validation.ValidationMixin`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 import zlib
 from collections import defaultdict
 from contextlib import contextmanager
@@ -30,22 +28,12 @@ from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
-    validation_metrics,
 )
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
 from verl.trainer.ppo.rollout_source import AsyncRollout, ColocatedRollout
-from verl.trainer.preemption import Preempted
-from verl.utils.checkpoint import (
-    CheckpointWriteError,
-    atomic_directory,
-    checkpoints_to_keep,
-    describe_os_error,
-    load_state,
-    prune_checkpoints,
-    save_state,
-    step_of_checkpoint,
-)
+from verl.trainer.ppo.trainer_checkpoints import CheckpointMixin
+from verl.trainer.ppo.trainer_validation import ValidationMixin, decoded_samples  # noqa: F401 (re-exported)
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 from verl.workers.actor.base import UPDATE_READS
@@ -108,7 +96,7 @@ def _has_none(values) -> bool:
     return any(value is None for value in values)
 
 
-class RayPPOTrainer:
+class RayPPOTrainer(CheckpointMixin, ValidationMixin):
     """The PPO/GRPO training loop.
 
     Args:
@@ -497,146 +485,3 @@ class RayPPOTrainer:
             if phase in timing:
                 metrics[f"perf/tokens_per_second/{phase}"] = num_tokens / max(timing[phase], 1e-9)
         return metrics
-
-    # ------------------------------------------------------------------ validation
-
-    def validate(self) -> dict[str, float]:
-        """Responses to the validation prompts sampled with ``actor_rollout_ref.rollout.val_kwargs`` (greedy by
-        default), scored.
-
-        Returns ``val/score/mean`` and verl's validation metrics (:func:`process_validation_metrics`, per data
-        source): ``val-core/<source>/<var>/mean@N`` (and ``best@N`` / ``maj@N``) for the core variable (``acc``
-        when the scorer returns it, else ``reward``, the score), ``val-aux/...`` for the rest. With
-        ``trainer.log_val_generations: N`` the first N samples (prompt, response, score) go to the tracker.
-        """
-        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
-        num_samples = self.config.trainer.log_val_generations if self.tokenizer is not None else 0
-        samples: list[dict[str, Any]] = []
-        scores, sources, uids = [], [], []
-        infos: dict[str, list] = defaultdict(list)
-        for prompts in self.val_batches:
-            non_tensors = dict(prompts.non_tensor_batch)
-            non_tensors["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
-            prompts = DataProto.from_dict(
-                tensors=dict(prompts.batch.items()),
-                non_tensors=non_tensors,
-                meta_info=val_kwargs.as_overrides(),  # n, do_sample, temperature, top_k, top_p
-            )
-            output = (self.rollout_wg or self.actor_wg).generate_sequences(prompts)
-            score = self.score(output).sum(-1)
-            scores.append(score)
-            if len(samples) < num_samples:
-                samples += decoded_samples(self.tokenizer, output, score, num_samples - len(samples))
-            infos["reward"].extend(score.tolist())
-            for key in output.meta_info.get("reward_extra_keys", ()):  # what the scorer returned besides the score
-                infos[key].extend(output.non_tensor_batch[key].tolist())
-            uids.extend(output.non_tensor_batch["uid"].tolist())
-            sources.extend(output.non_tensor_batch.get("data_source", np.full(len(output), "unknown")).tolist())
-        metrics = {"val/score/mean": torch.cat(scores).mean().item()}
-        metrics.update(validation_metrics(sources, uids, dict(infos)))
-        if samples and self.tracker is not None:
-            # the same first prompts at every validation, so that their answers can be compared as training goes
-            self.tracker.log_generations(samples, step=self.global_step)
-        return metrics
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def checkpoint_root(self) -> Path:
-        return Path(self.config.trainer.default_local_dir)
-
-    def stop_if_asked(self) -> None:
-        """Between two steps: when a stop signal has arrived, save the step the run stands at (unless it is saved
-        already, or no step ran) and raise :class:`~verl.trainer.preemption.Preempted`.
-
-        The save is the one ``trainer.save_freq`` makes (also when ``save_freq <= 0``: the signal asks for it).
-        """
-        signals = self.stop_signals
-        if signals is None or signals.requested is None:
-            return
-        checkpoint = self.last_checkpoint
-        saved = checkpoint is not None and step_of_checkpoint(checkpoint) == self.global_step
-        if self.global_step > 0 and not saved:
-            checkpoint = self.save_checkpoint()
-        raise Preempted(signals.requested, self.global_step, checkpoint)
-
-    def save_checkpoint(self) -> Path:
-        """Write ``global_step_N`` atomically: a crash mid-save leaves the previous checkpoint intact.
-
-        Raises:
-            CheckpointWriteError: a file could not be written, here or in a worker (disk full, read-only directory,
-                any ``OSError``); its ``checkpoint`` is the ``global_step_N`` that was being saved, and nothing of
-                the attempt is left under its final name.
-        """
-        final = self.checkpoint_root() / f"global_step_{self.global_step}"
-        try:
-            with atomic_directory(final) as tmp:
-                self.actor_wg.save_checkpoint(str(tmp / "actor"))
-                if self.critic_wg is not None:
-                    self.critic_wg.save_checkpoint(str(tmp / "critic"))
-                save_state(
-                    tmp / "trainer_state.pt",
-                    {
-                        "global_step": self.global_step,
-                        # one step off policy: the data position before the batch in flight, which is not saved
-                        "data_loader": self.rollout_source.loader_state(),
-                        "rollout_source": self.rollout_source.state_dict(),
-                        # the adaptive KL coefficient moves every step: a resumed run must start where it stood
-                        "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
-                    },
-                )
-        except (CheckpointWriteError, OSError) as err:
-            raise CheckpointWriteError.while_saving(err, final) from err
-        self.last_checkpoint = final
-        logger.info("saved checkpoint %s", final)
-        trainer_cfg = self.config.trainer
-        limits = [trainer_cfg.max_actor_ckpt_to_keep]
-        if self.critic_wg is not None:
-            limits.append(trainer_cfg.max_critic_ckpt_to_keep)
-        try:
-            prune_checkpoints(self.checkpoint_root(), final, checkpoints_to_keep(limits), self.roles)
-        except OSError as err:  # the new checkpoint is complete: a failed clean-up must not stop the run
-            logger.warning(
-                "could not remove old checkpoints under %s (%s); they stay until removed by hand",
-                self.checkpoint_root(),
-                describe_os_error(err),
-            )
-        return final
-
-    def maybe_resume(self) -> None:
-        """Restore :attr:`resume_from` (see ``verl.trainer.main_ppo.choose_checkpoint``), if set."""
-        path = self.resume_from
-        if path is None:
-            return
-        state: dict[str, Any] = load_state(path / "trainer_state.pt")
-        self.actor_wg.load_checkpoint(str(path / "actor"))
-        if self.critic_wg is not None:
-            self.critic_wg.load_checkpoint(str(path / "critic"))
-        self.train_loader.load_state_dict(state["data_loader"])
-        self.rollout_source.load_state_dict(state.get("rollout_source", {}))
-        self.global_step = int(state["global_step"])
-        if self.kl_ctrl is not None and state.get("kl_coef") is not None:
-            self.kl_ctrl.value = float(state["kl_coef"])
-        self.last_checkpoint = path
-        logger.info("resumed from %s at step %d", path, self.global_step)
-
-
-def decoded_samples(tokenizer, output: DataProto, scores: torch.Tensor, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` samples of a generation output as text: ``{"input", "output", "score"}``.
-
-    The prompt is the left-padded ``prompts`` tensor without its padding, the response the ``responses`` tensor
-    up to its last valid token (the masks are the attention mask's prompt and response parts); special tokens
-    are skipped, as the reward manager decodes.
-    """
-    prompts, responses = output.batch["prompts"], output.batch["responses"]
-    attention = output.batch["attention_mask"].bool()
-    prompt_mask, response_mask = attention[:, : prompts.shape[1]], attention[:, prompts.shape[1] :]
-    samples = []
-    for i in range(min(limit, len(output))):
-        samples.append(
-            {
-                "input": tokenizer.decode(prompts[i][prompt_mask[i]].tolist(), skip_special_tokens=True),
-                "output": tokenizer.decode(responses[i][response_mask[i]].tolist(), skip_special_tokens=True),
-                "score": float(scores[i]),
-            }
-        )
-    return samples
