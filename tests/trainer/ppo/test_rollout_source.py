@@ -286,3 +286,14 @@ def test_a_rollout_rank_that_never_returns_stops_the_run_naming_it():
     # a death-like error: main_ppo's restart rule (trainer.max_restarts) covers it
     assert isinstance(info.value, WorkerDiedError)
     assert str(info.value).startswith("worker rollout rank 0 on node node-a (10.0.0.1) returned no samples in time")
+
+
+def test_no_batch_is_started_past_the_last_step_of_the_run():
+    # 4 steps to train, one step off: batches 0-3 are started and trained, and nothing is left generating
+    loader = _Loader()
+    source = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0)
+    source.start(steps_to_train=4)
+    for _ in range(4):
+        source.generate(source.next_prompts(), {})
+        source.after_update(True)
+    assert loader.position == 4 and not source.in_flight

@@ -184,7 +184,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             CheckpointWriteError: a checkpoint could not be written.
         """
         self.maybe_resume()
-        self.rollout_source.start()
+        self.rollout_source.start(steps_to_train=self.total_training_steps - self.global_step)
         # Every step appears once in metrics.jsonl: after a resume, the rows of steps that run again go; a fresh
         # start in a directory with an earlier run's rows moves that file aside (nothing is deleted).
         if self.last_checkpoint is not None:

@@ -53,7 +53,7 @@ class ColocatedRollout:
         self.actor_wg = actor_wg
         self.train_loader = train_loader
 
-    def start(self) -> None:
+    def start(self, steps_to_train: int | None = None) -> None:
         """Nothing to send: the rollout samples with the actor's own weights."""
 
     def next_prompts(self) -> DataProto:
@@ -143,6 +143,7 @@ class AsyncRollout:
         self.applied_since_sync = False
         self.started_in_version = 0  # batches started since the last sync
         self.budget = self.batches_per_version  # batches the rollout group may start before the next sync
+        self.batches_to_start: int | None = None  # the steps the run has left to feed (None: no end)
         self.in_flight: deque[_InFlight] = deque()
         self.stale_samples_processed = 0  # prompts trained on with staleness > 0 (verl's "samples")
         self.stale_trajectories_processed = 0  # their responses (verl's "trajectories")
@@ -153,9 +154,11 @@ class AsyncRollout:
 
     # ------------------------------------------------------------------ the trainer's calls
 
-    def start(self) -> None:
+    def start(self, steps_to_train: int | None = None) -> None:
         """Send the trainer's weights at :attr:`version` (0 on a fresh run, the one saved with the checkpoint after
-        a resume) and start the first version's batches."""
+        a resume) and start the first version's batches; no more than ``steps_to_train`` batches are ever started
+        (None: no end), so that the run's last step leaves nothing generating."""
+        self.batches_to_start = steps_to_train
         self._send_weights()
         self._last_metrics_at = time.perf_counter()
         self._start_allowed()
@@ -275,10 +278,12 @@ class AsyncRollout:
     # ------------------------------------------------------------------ the rollout group
 
     def _start_allowed(self) -> None:
-        """Start batches while this version's budget allows."""
-        while self.started_in_version < self.budget:
+        """Start batches while this version's budget allows, and while the run has steps left to feed."""
+        while self.started_in_version < self.budget and self.batches_to_start != 0:
             self._launch()
             self.started_in_version += 1
+            if self.batches_to_start is not None:
+                self.batches_to_start -= 1
 
     def _launch(self) -> None:
         before = self.train_loader.state_dict()
