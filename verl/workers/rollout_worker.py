@@ -95,7 +95,7 @@ class RolloutWorker(DPActorRolloutRefWorker):
         """Responses to ``prompts`` with the rollout's log-probs (when ``calculate_log_probs``), the weight version
         of each response token (``weight_version``, (B, R) int64) and ``meta_info["metrics"]["timing_s/gen"]``."""
         start = time.perf_counter()
-        self.switch.apply_staged()  # weights staged between two calls are the ones this call starts with
+        # (with partial rollouts the rollout applies weights staged between two calls before its first token)
         output = self._generate(prompts).to("cpu")
         if WEIGHT_VERSION_KEY not in output.batch.keys():  # no switch during the call: one version throughout
             shape = output.batch["responses"].shape

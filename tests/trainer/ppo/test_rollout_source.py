@@ -14,7 +14,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.trainer.ppo.rollout_source import AsyncRollout
-from verl.workers.rollout_worker import WEIGHT_VERSION_KEY
+from verl.workers.rollout.partial import WEIGHT_VERSION_KEY
 
 
 class _Loader:
@@ -240,8 +240,13 @@ def test_fully_async_syncs_every_trigger_steps_and_bounds_the_batches_per_versio
     # (the stand-in runs a call when it is waited for: batch 6, started at the last sync, never ran)
     generated = [entry[1:] for entry in rollout.log if entry[0] == "gen"]
     assert generated == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2)]
-    # waiting after step 6: batch 6 (version 2) and batches 7, 8 (version 3's budget: 3 less the one waiting)
-    assert [item.version for item in source.in_flight] == [2, 3, 3]
+    # waiting after step 6: batch 6 (started by version 2) and batches 7, 8 (version 3's budget: 3 less the one
+    # waiting); the next two steps train 6 (stale) and 7 (not)
+    assert len(source.in_flight) == 3
+    rollout.log.clear()
+    source.generate(source.next_prompts(), {})
+    source.generate(source.next_prompts(), {})
+    assert [entry[1:] for entry in rollout.log if entry[0] == "gen"] == [(6, 2), (7, 3)]
     assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
     # a sync (and its transfer) only at the end of each window of 2 steps
     assert [m["timing_s/sync_rollout_weights"] > 0 for _, m in steps] == [False, True] * 3

@@ -95,6 +95,27 @@ def test_what_verls_scripts_set_is_accepted():
             r"data\.train_batch_size=16 must be a multiple of the 3 rollout workers",
         ),
         (["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=0"], r"rollout\.nnodes must be an integer >= 1"),
+        # the rollout group's keys with the rollout in the actor workers: nothing reads them
+        (["async_training.staleness_threshold=0.5"], r"async_training\.staleness_threshold is set, but nothing reads"),
+        (
+            ["rollout.n_gpus_per_node=2"],
+            r"rollout\.n_gpus_per_node is set, but nothing reads it: .*hybrid_engine=false",
+        ),
+        (["data.gen_batch_size=4"], r"data\.gen_batch_size is set, but nothing reads it"),
+        (
+            [
+                "actor_rollout_ref.hybrid_engine=false",
+                "async_training.partial_rollout=true",
+                f"{R}.name=hf",
+                "actor_rollout_ref.actor.strategy=dp",
+            ],
+            r"partial_rollout=true with actor_rollout_ref\.rollout\.name=hf",
+        ),
+        (
+            ["actor_rollout_ref.hybrid_engine=false", "async_training.use_trainer_do_validate=true"],
+            r"async_training\.use_trainer_do_validate=true validates on the trainer's workers",
+        ),
+        (["actor_rollout_ref.hybrid_engine=false", "async_training.staleness_threshold=-1"], r"must be a number >= 0"),
         (["actor_rollout_ref.nccl_timeout=0"], r"actor_rollout_ref\.nccl_timeout must be a number > 0"),
         ([f"{R}.val_kwargs.top_p=0"], rf"{R}\.val_kwargs\.top_p must be a number > 0"),
         ([f"{R}.prompt_length=4"], rf"{R}\.prompt_length=4 is shorter than data\.max_prompt_length"),

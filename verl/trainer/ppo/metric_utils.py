@@ -254,3 +254,8 @@ def validation_metrics(data_sources: list, sample_uids: list, infos: dict[str, l
                 is_core = var == core and name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name
                 metrics[f"{'val-core' if is_core else 'val-aux'}/{source}/{var}/{name}"] = value
     return metrics
+
+
+def slowest_rank(metrics: dict[str, Any]) -> dict[str, float]:
+    """Per-rank timings gathered by the worker group (a value or a list per key) -> the slowest rank's."""
+    return {key: max(value) if isinstance(value, list) else float(value) for key, value in metrics.items()}

@@ -28,6 +28,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_data_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
+    slowest_rank,
 )
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
@@ -76,11 +77,6 @@ def only_keys(batch: DataProto, keys: list[str]) -> DataProto:
     """
     present = [key for key in keys if key in batch.batch.keys()]
     return batch.select(batch_keys=present, non_tensor_batch_keys=[])
-
-
-def slowest_rank(metrics: dict[str, Any]) -> dict[str, float]:
-    """Per-rank timings gathered by the worker group (a value or a list per key) -> the slowest rank's."""
-    return {key: max(value) if isinstance(value, list) else float(value) for key, value in metrics.items()}
 
 
 def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:

@@ -37,7 +37,8 @@ import ray
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.rollout_worker import WEIGHT_VERSION_KEY
+from verl.trainer.ppo.metric_utils import slowest_rank
+from verl.workers.rollout.partial import WEIGHT_VERSION_KEY
 
 
 def assign_group_ids(prompts: DataProto) -> DataProto:
@@ -89,7 +90,6 @@ class _InFlight:
 
     prompts: DataProto
     pending: Any  # PendingResult of RolloutWorker.generate_sequences
-    version: int  # the version of the weights the rollout group will sample it with
     loader_state_before: dict[str, Any]
 
 
@@ -141,15 +141,13 @@ class AsyncRollout:
         self.version = 0  # weight versions sent after the first: syncs of windows in which an update was applied
         self.steps_since_sync = 0
         self.applied_since_sync = False
-        self.started_in_version = 0  # batches started since the last sync
-        self.budget = self.batches_per_version  # batches the rollout group may start before the next sync
+        self.may_start = self.batches_per_version  # batches the rollout group may still start before the next sync
         self.batches_to_start: int | None = None  # the steps the run has left to feed (None: no end)
         self.in_flight: deque[_InFlight] = deque()
         self.stale_samples_processed = 0  # prompts trained on with staleness > 0 (verl's "samples")
         self.stale_trajectories_processed = 0  # their responses (verl's "trajectories")
         self._rollout_busy_s = 0.0  # the rollout group's generation seconds since the last step's metrics
         self._last_metrics_at: float | None = None
-        self._version_at_take = 0  # the trainer's version when the step's samples were taken
         self._last_sync = None  # the pending load_weights call, checked at the next sync
 
     # ------------------------------------------------------------------ the trainer's calls
@@ -177,7 +175,6 @@ class AsyncRollout:
         are generated now, after what is in flight.
         """
         start = time.perf_counter()
-        self._version_at_take = self.version
         if self.in_flight and self.in_flight[0].prompts is prompts:
             pending = self.in_flight.popleft().pending
         else:
@@ -187,7 +184,7 @@ class AsyncRollout:
             raise self.rollout_wg.generation_timeout(late[0], self.wait_timeout_s)
         generated = pending.get()
         timing["wait_prev_gen"] = timing.get("wait_prev_gen", 0.0) + time.perf_counter() - start
-        gen_s = max(_as_list(generated.meta_info.pop("metrics")["timing_s/gen"]))
+        gen_s = slowest_rank(generated.meta_info.pop("metrics"))["timing_s/gen"]
         timing["gen"] = timing.get("gen", 0.0) + gen_s
         self._rollout_busy_s += gen_s
         return self.actor_wg.add_log_probs(generated)
@@ -211,7 +208,7 @@ class AsyncRollout:
                 seconds = time.perf_counter() - start
             self.steps_since_sync, self.applied_since_sync = 0, False
             # what was started before this sync and still waits counts against the new version's budget
-            self.started_in_version, self.budget = 0, max(1, self.batches_per_version - len(self.in_flight))
+            self.may_start = max(1, self.batches_per_version - len(self.in_flight))
             self._start_allowed()
         return {
             "timing_s/sync_rollout_weights": seconds,
@@ -227,9 +224,11 @@ class AsyncRollout:
         max_partial_span}`` (responses whose tokens come from more than one version, their share, and the most
         versions one spans), ``trainer/idle_ratio`` (the step's share spent waiting for samples) and
         ``rollouter/idle_ratio`` (the share of the time since the last step the rollout group did not generate).
+        Called after the step's update and before :meth:`after_update`, so :attr:`version` is the one the batch
+        trained at.
         """
         oldest, newest = token_version_range(batch)
-        staleness = self._version_at_take - oldest
+        staleness = self.version - oldest
         span = newest - oldest
         stale_rows = int((staleness > 0).sum())
         self.stale_trajectories_processed += stale_rows
@@ -279,16 +278,16 @@ class AsyncRollout:
 
     def _start_allowed(self) -> None:
         """Start batches while this version's budget allows, and while the run has steps left to feed."""
-        while self.started_in_version < self.budget and self.batches_to_start != 0:
+        while self.may_start > 0 and self.batches_to_start != 0:
             self._launch()
-            self.started_in_version += 1
+            self.may_start -= 1
             if self.batches_to_start is not None:
                 self.batches_to_start -= 1
 
     def _launch(self) -> None:
         before = self.train_loader.state_dict()
         prompts = next(self.train_loader)
-        self.in_flight.append(_InFlight(prompts, self._submit(prompts), self.version, before))
+        self.in_flight.append(_InFlight(prompts, self._submit(prompts), before))
 
     def _submit(self, prompts: DataProto):
         return self.rollout_wg.submit("generate_sequences", assign_group_ids(prompts))
@@ -305,10 +304,8 @@ class AsyncRollout:
 
 def token_version_range(batch: DataProto) -> tuple[np.ndarray, np.ndarray]:
     """Per response: the oldest and the newest weight version among its tokens (``weight_version`` (B, R) under the
-    response mask; a per-row (B,) version is both; a response with no token takes its first column's)."""
+    response mask; a response with no token takes its first column's)."""
     versions = batch.batch[WEIGHT_VERSION_KEY]
-    if versions.dim() == 1:
-        return versions.numpy(), versions.numpy()
     mask = batch.batch["response_mask"].bool()
     has_tokens = mask.any(dim=-1)
     oldest = torch.where(mask, versions, versions.max() + 1).min(dim=-1).values
@@ -316,7 +313,3 @@ def token_version_range(batch: DataProto) -> tuple[np.ndarray, np.ndarray]:
     oldest = torch.where(has_tokens, oldest, versions[:, 0])
     newest = torch.where(has_tokens, newest, versions[:, 0])
     return oldest.numpy(), newest.numpy()
-
-
-def _as_list(value) -> list[float]:
-    return list(value) if isinstance(value, list | tuple) else [float(value)]

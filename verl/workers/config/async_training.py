@@ -22,17 +22,6 @@ from typing import ClassVar
 
 from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
 
-# The defaults (one step off policy); with the rollout in the actor workers any other value is refused (nothing
-# reads it).
-ONE_STEP_OFF_ASYNC_TRAINING = {
-    "staleness_threshold": 1.0,
-    "trigger_parameter_sync_step": 1,
-    "require_batches": None,
-    "partial_rollout": False,
-    "use_rollout_log_probs": None,
-    "compute_prox_log_prob": False,
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class AsyncTrainingConfig(BaseConfig):

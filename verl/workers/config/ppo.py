@@ -18,7 +18,7 @@ from verl.workers.config.algorithm import (
     KLControlConfig,
     RolloutCorrectionConfig,
 )
-from verl.workers.config.async_training import ONE_STEP_OFF_ASYNC_TRAINING, AsyncTrainingConfig
+from verl.workers.config.async_training import AsyncTrainingConfig
 from verl.workers.config.compat import CustomClsConfig, GlobalProfilerConfig, PFPPOConfig, check_ref_strategy
 from verl.workers.config.lora import check_lora
 from verl.workers.config.megatron import check_megatron_sections
@@ -423,21 +423,7 @@ class PPOConfig(BaseConfig):
         ``trainer.test_freq`` (that many sync windows of steps).
         """
         group, rules = self.rollout, self.async_training
-        if self.data.gen_batch_size is not None and self.actor_rollout_ref.hybrid_engine:
-            raise ValueError(
-                "data.gen_batch_size is verl's prompts per request of the fully async rollouter; with "
-                "actor_rollout_ref.hybrid_engine=true each step generates data.train_batch_size prompts (DAPO's "
-                "extra rounds too): leave it null."
-            )
-        if self.actor_rollout_ref.hybrid_engine:
-            for name in ("total_rollout_steps", "total_epochs", "test_freq"):
-                if getattr(group, name) is not None:
-                    raise ValueError(
-                        f"rollout.{name} is set, but nothing reads it with actor_rollout_ref.hybrid_engine=true; use "
-                        f"trainer.{'total_training_steps' if name == 'total_rollout_steps' else name}, or set "
-                        "hybrid_engine=false for a rollout group of its own."
-                    )
-        else:
+        if self.separate_rollout:  # with the rollout in the actor workers nothing reads them (_check_settings_apply)
             if rules.require_batches is not None:
                 size = rules.require_batches * self.actor_rollout_ref.actor.ppo_mini_batch_size
                 object.__setattr__(self.data, "train_batch_size", size)
@@ -457,19 +443,9 @@ class PPOConfig(BaseConfig):
     def _check_separate_rollout(self) -> None:
         """A rollout worker group of its own (``hybrid_engine=false``, one step off policy): a backend whose weights
         it can receive, prompts that split over its ranks, and no engine layout that spans the actor's ranks.
-        ``async_training`` is read only then."""
+        ``async_training`` and the top-level ``rollout`` section are read only then (see
+        :meth:`_check_settings_apply`)."""
         if self.actor_rollout_ref.hybrid_engine:
-            changed = [
-                name
-                for name, one_step_off in ONE_STEP_OFF_ASYNC_TRAINING.items()
-                if getattr(self.async_training, name) != one_step_off
-            ]
-            if changed:
-                raise ValueError(
-                    f"async_training.{changed[0]} is set, but nothing reads it with actor_rollout_ref.hybrid_engine="
-                    "true (the rollout in the actor workers, synchronous); set hybrid_engine=false for a rollout group "
-                    "of its own, or leave async_training as it is."
-                )
             return
         arr, world = self.actor_rollout_ref, self.rollout.world_size
         if arr.actor.strategy == "megatron":
@@ -638,7 +614,9 @@ class PPOConfig(BaseConfig):
     def _check_settings_apply(self, defaults: Any) -> None:
         """Settings changed from their ``defaults`` where nothing reads them would do nothing: refuse them, saying why.
 
-        FSDP2 sections apply to a model on ``fsdp2``/``fsdp``; the vLLM engine keys to ``rollout.name=vllm``.
+        FSDP2 sections apply to a model on ``fsdp2``/``fsdp``; the vLLM engine keys to ``rollout.name=vllm``;
+        ``async_training``, the top-level ``rollout`` section and ``data.gen_batch_size`` to a rollout group of its
+        own (``actor_rollout_ref.hybrid_engine=false``).
         ``defaults`` is the composed config (or a plain mapping) of the file this one was composed from (see
         :meth:`from_omegaconf`), so a file that sets one of these keys itself is not refused for it. Only the keys
         compared are resolved there: an interpolation elsewhere in the defaults that the user's overrides replaced
@@ -659,6 +637,12 @@ class PPOConfig(BaseConfig):
                 value = getattr(arr.rollout, name)
                 plain = value.to_dict() if isinstance(value, BaseConfig) else value
                 unused.append((f"{RolloutConfig.KEY}.{name}", plain, fix))
+        if not self.separate_rollout:
+            fix = "actor_rollout_ref.hybrid_engine=false (a rollout worker group of its own; here the rollout lives "
+            fix += "in the actor workers)"
+            for section in (self.async_training, self.rollout):
+                unused += [(f"{section.KEY}.{name}", value, fix) for name, value in section.to_dict().items()]
+            unused.append(("data.gen_batch_size", self.data.gen_batch_size, fix))
         from verl.workers.config.loading import default_at
 
         for key, value, fix in unused:
