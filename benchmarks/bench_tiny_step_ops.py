@@ -85,7 +85,7 @@ def make_step(worker, data):
     return prompts, update_batch
 
 
-def profile_call(fn) -> dict[str, Any]:
+def profile_call(fn, num_top: int = 8) -> dict[str, Any]:
     """Operator count and self time of one call of ``fn`` (torch.profiler, CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -94,7 +94,7 @@ def profile_call(fn) -> dict[str, Any]:
     events = [e for e in prof.key_averages() if e.key.startswith(("aten::", "mkldnn::"))]
     num_ops = sum(e.count for e in events)
     self_us = sum(e.self_cpu_time_total for e in events)
-    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:8]
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:num_top]
     return {
         "num_ops": num_ops,
         "ops_self_ms": self_us / 1e3,

@@ -1,4 +1,4 @@
-"""GRPO training throughput and memory of verl's trainer (``dp`` backend) against TRL's ``GRPOTrainer``, at two sizes.
+"""GRPO training throughput and memory of verl's trainer (``dp``) against TRL's ``GRPOTrainer``, at any model shape.
 
 Both trainers train the same model directory on the same prompts (one parquet file of the reverse-the-digits task,
 written once), with the same group size, response length, prompts per step, learning rate, clipping, loss
@@ -14,6 +14,17 @@ per step. ``--sizes`` picks the models, run one after the other:
   (both trainers' mean response lengths are reported, to show that they did the same work); verl updates in
   micro-batches of at most 512 real tokens (``use_dynamic_bsz``, cut from length-sorted rows). TRL computes the
   batch as one (``per_device_train_batch_size`` = the batch, no gradient accumulation).
+
+Any other model: ``--model DIR`` (a Hugging Face model directory with its tokenizer), ``--shape`` (a family,
+hidden size, layers, heads, key/value heads, head size, MLP size, vocabulary and tied or untied LM head, written as a
+seeded random model: see ``model_shapes.py``), or ``--sweep``: the shapes of ``model_shapes.SWEEP`` (Llama, Mistral,
+Qwen2, Qwen3 and Gemma shapes of 10-60M parameters, tied and untied, vocabularies of 50 to 151,936 tokens, responses
+of 32 to 128 tokens), each side by side with TRL in its own alternating rounds (``--sweep-cases`` picks some).
+These take ``SHAPE_DEFAULTS`` (5 steps, 2 rounds, learning rate 1e-6, micro-batches of 512 real tokens; a sweep
+case its own response length), each overridable (``--steps``, ``--rounds``, ``--response-length``, ``--lr``,
+``--max-token-len``). ``--compile`` adds a third trainer to every round: verl with
+``actor_rollout_ref.actor.use_torch_compile=true``. Results go to ``benchmarks/results/bench_vs_trl_sweep.json``
+(``--sweep`` alone), ``bench_vs_trl_custom.json`` (any other mix) or ``bench_vs_trl.json`` (the two sizes).
 
 verl loads the directory through ``actor_rollout_ref.model.path`` (and ``tokenizer_path``), TRL through
 ``verl.models.loading.load_hf_causal_lm`` / ``load_tokenizer``. verl generates with ``--rollout`` (default
@@ -34,7 +45,8 @@ driver's peak (``os.wait4`` on ``main_ppo``) plus the actor worker's own peak, w
 
 Each phase's share of the machine's fp32 matmul rate (``common.matmul_flops_per_second``: ``torch.mm``, which is MKL
 on CPU; and again against oneDNN's rate, the kernel verl's linear layers use on CPU, see ``verl.utils.cpu_linear``;
-both measured once per size right before its rounds), with N distinct parameters and T real tokens (prompt +
+both measured once per case right before its rounds), with N the parameters that take part in products (an untied
+input embedding is a lookup and is left out) and T real tokens (prompt +
 response) of a step's batch (verl's ``perf/num_tokens``, median over steps and runs): generation ~ 2*N*T (a
 KV-cached decode's work), update ~ 6*N*T, an old-log-prob pass (when verl times one) ~ 2*N*T; a whole step is their
 sum. Share = FLOPs / (median seconds * rate). TRL's step share uses the same generation + update FLOPs at verl's
@@ -47,27 +59,32 @@ TRL lives in its own virtual environment so that it can never change the project
     python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && .venv-bench/bin/pip install -e . trl
     .venv-bench/bin/python benchmarks/bench_vs_trl.py                       # both sizes, several minutes
     .venv-bench/bin/python benchmarks/bench_vs_trl.py --sizes 10m --rounds-10m 4
+    .venv-bench/bin/python benchmarks/bench_vs_trl.py --sweep                 # about an hour on 2 cores
+    .venv-bench/bin/python benchmarks/bench_vs_trl.py --shape family=llama,hidden=512,layers=8,heads=8,kv_heads=8
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+from model_shapes import SHAPE_10M, SWEEP, Shape, parse_shape, write_model  # noqa: E402
 
 from verl.utils.cpu_linear import onednn_available  # noqa: E402
 
@@ -80,21 +97,15 @@ from verl.utils.cpu_linear import onednn_available  # noqa: E402
 # tokens) in one, so that its per-call costs are paid once; 512 at 10m, where the arithmetic dominates and
 # micro-batches of rows of similar length carry little padding (measured on 2 cores: the update took 1.1 s against
 # 2.0 s as one micro-batch of 64 padded rows; 256 and 1024 tokens gave 1.15 s and 1.39 s).
+# --model, --shape and --sweep cases (a sweep case brings its own response length); 5 steps, the first 2 left out.
+SHAPE_DEFAULTS: dict[str, float] = {"response_length": 64, "steps": 5, "rounds": 2, "lr": 1e-6, "max_token_len": 512}
+
+# verl with torch.compile on the actor's forward (--compile)
+COMPILE_OVERRIDES = ("actor_rollout_ref.actor.use_torch_compile=true",)
+
 SIZE_DEFAULTS: dict[str, dict[str, float]] = {
     "tiny": {"response_length": 8, "steps": 12, "rounds": 4, "lr": 3e-3, "max_token_len": 4096},
     "10m": {"response_length": 64, "steps": 6, "rounds": 2, "lr": 1e-6, "max_token_len": 512},
-}
-
-# The 10m model's shape (vocabulary and special tokens come from the tiny model).
-MODEL_10M = {
-    "hidden_size": 384,
-    "intermediate_size": 1024,
-    "num_hidden_layers": 6,
-    "num_attention_heads": 6,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
 }
 
 
@@ -113,30 +124,8 @@ def write_prompts(path: Path, num_prompts: int, seed: int) -> None:
 
 
 def write_10m_model(out_dir: Path, seed: int = 0) -> Path:
-    """Write the ~9.5M-parameter Qwen2 model (seeded random init, fp32, safetensors) with the tiny tokenizer."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from verl.models.loading import load_hf_config, resolve_model_path
-
-    tiny_dir = Path(resolve_model_path(None))
-    tiny = load_hf_config(tiny_dir)
-    config = Qwen2Config(
-        **MODEL_10M,
-        vocab_size=tiny.vocab_size,
-        bos_token_id=tiny.bos_token_id,
-        eos_token_id=tiny.eos_token_id,
-        pad_token_id=tiny.pad_token_id,
-        rms_norm_eps=tiny.rms_norm_eps,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).float()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    for file in tiny_dir.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens_map", "vocab", "merges")):
-            shutil.copy2(file, out_dir / file.name)
-    return out_dir
+    """Write the ~9.5M-parameter Qwen2 model of the ``10m`` size (``model_shapes.SHAPE_10M``)."""
+    return write_model(SHAPE_10M, out_dir, seed)
 
 
 def model_dir(size: str, workdir: Path) -> Path:
@@ -147,12 +136,21 @@ def model_dir(size: str, workdir: Path) -> Path:
     return write_10m_model(workdir / f"model_{size}")
 
 
-def count_parameters(path: Path) -> int:
+def count_parameters(path: Path) -> tuple[int, int]:
+    """The model's distinct parameters, and those that take part in matrix products.
+
+    An untied input embedding is a lookup, not a product, so it is left out of the second count (a tied one is the
+    LM head's weight and stays in); the FLOP estimates use the second.
+    """
     import torch
 
     from verl.models.loading import load_hf_causal_lm
 
-    return common.num_parameters(load_hf_causal_lm(path, dtype=torch.float32))
+    model = load_hf_causal_lm(path, dtype=torch.float32)
+    total = common.num_parameters(model)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embedding.weight
+    return total, total if tied else total - embedding.weight.numel()
 
 
 # ---------------------------------------------------------------------------------------------- processes
@@ -234,11 +232,13 @@ def verl_overrides(args, model_path: Path, data_file: Path, log_dir: Path) -> li
     ]
 
 
-def run_verl(args, model_path: Path, data_file: Path, workdir: Path) -> dict[str, Any]:
+def run_verl(
+    args, model_path: Path, data_file: Path, workdir: Path, extra_overrides: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """One verl run: its step times, median phase times and token counts (from metrics.jsonl), and peak RSS."""
     log_dir = workdir / f"verl_{time.monotonic_ns()}"
     log_dir.mkdir()
-    overrides = verl_overrides(args, model_path, data_file, log_dir)
+    overrides = [*verl_overrides(args, model_path, data_file, log_dir), *extra_overrides]
     command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
     _, driver_rss_gb, _ = run_process("verl", command, log_dir / "driver", args.timeout_s)
     files = sorted(log_dir.rglob("metrics.jsonl"))
@@ -380,7 +380,17 @@ CHILD_FLAGS = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------- one size
+# ---------------------------------------------------------------------------------------------- cases
+
+
+@dataclasses.dataclass
+class Case:
+    """One model and its settings, benchmarked in ``run.rounds`` rounds of every trainer."""
+
+    name: str
+    run: argparse.Namespace  # ``args`` with the case's response_length, steps, rounds, lr and max_token_len
+    write_model: Callable[[Path], Path]  # the model directory, written under the benchmark's work directory
+    model_info: dict[str, Any]
 
 
 def size_args(args, size: str) -> argparse.Namespace:
@@ -389,6 +399,58 @@ def size_args(args, size: str) -> argparse.Namespace:
     for field in SIZE_DEFAULTS[size]:
         setattr(run, field, getattr(args, f"{field}_{size}"))
     return run
+
+
+def shape_args(args, response_length: int | None = None) -> argparse.Namespace:
+    """``args`` with a model or shape case's settings: the flags given, else the case's, else SHAPE_DEFAULTS."""
+    run = argparse.Namespace(**vars(args))
+    for field, default in SHAPE_DEFAULTS.items():
+        if field == "response_length" and response_length is not None:
+            default = response_length
+        given = getattr(args, field)
+        setattr(run, field, default if given is None else given)
+    return run
+
+
+def build_cases(args) -> list[Case]:
+    """The cases of ``--sizes``, ``--model``, ``--shape`` and ``--sweep``, in that order."""
+    cases = []
+    for size in args.sizes:
+        info = {"path": "verl/models/tiny"} if size == "tiny" else {"shape": dataclasses.asdict(SHAPE_10M), "seed": 0}
+        cases.append(Case(size, size_args(args, size), functools.partial(model_dir, size), info))
+    if args.model:
+        path = Path(args.model).resolve()
+        cases.append(Case(path.name, shape_args(args), lambda _workdir: path, {"path": str(path)}))
+    if args.shape:
+        shape = parse_shape(args.shape)
+        cases.append(Case("shape", shape_args(args), _shape_writer("shape", shape), _shape_info(shape)))
+    if args.sweep:
+        wanted = {name.strip() for name in args.sweep_cases.split(",") if name.strip()} if args.sweep_cases else None
+        known = {case.name for case in SWEEP}
+        if wanted and wanted - known:
+            raise SystemExit(f"--sweep-cases: unknown {sorted(wanted - known)}; choose from {sorted(known)}")
+        for case in SWEEP:
+            if wanted is None or case.name in wanted:
+                run = shape_args(args, case.response_length)
+                cases.append(Case(case.name, run, _shape_writer(case.name, case.shape), _shape_info(case.shape)))
+    return cases
+
+
+def _shape_writer(name: str, shape: Shape) -> Callable[[Path], Path]:
+    return lambda workdir: write_model(shape, workdir / f"model_{name}")
+
+
+def _shape_info(shape: Shape) -> dict[str, Any]:
+    return {"shape": dataclasses.asdict(shape), "describe": shape.describe(), "seed": 0}
+
+
+def trainers(args) -> dict[str, Callable[..., dict[str, Any]]]:
+    """The trainers of every round, by name: verl, TRL, and verl with ``use_torch_compile`` under ``--compile``."""
+    named: dict[str, Callable[..., dict[str, Any]]] = {"verl": run_verl}
+    if args.compile:
+        named["verl_compile"] = functools.partial(run_verl, extra_overrides=COMPILE_OVERRIDES)
+    named["trl"] = run_trl
+    return named
 
 
 def summarise_run(name: str, result: dict[str, Any], num_warmup: int, num_samples: int) -> dict[str, Any]:
@@ -418,27 +480,49 @@ def phase_shares(
     return {**flops, "verl_step": step_flops, "trl_step": trl_flops}, shares
 
 
-def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any]:
-    run = size_args(args, size)
+def token_throughput_ratios(rows: list[dict[str, Any]], num_rounds: int, num_samples: int) -> list[float]:
+    """Per round, verl's tokens per second over TRL's (prompt + response tokens of a step, per step time).
+
+    Both read the same prompts; a sample's prompt tokens are verl's (its real tokens per step less its responses),
+    its response tokens each trainer's own mean. Empty when verl logged no token count.
+    """
+    ratios = []
+    for round_index in range(num_rounds):
+        by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
+        verl, trl = by_name["verl"], by_name["trl"]
+        if verl["num_tokens"] is None or verl["response_length_mean"] is None or trl["response_length_mean"] is None:
+            return []
+        prompt_tokens = verl["num_tokens"] / num_samples - verl["response_length_mean"]
+        trl_tokens = num_samples * (prompt_tokens + trl["response_length_mean"])
+        ratios.append((verl["num_tokens"] / verl["step_s"]) / (trl_tokens / trl["step_s"]))
+    return ratios
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value else None  # NaN (too few rounds) -> null in the JSON
+
+
+def bench_case(args, case: Case, data_file: Path, workdir: Path) -> dict[str, Any]:
+    run = case.run
     num_samples = run.prompts_per_step * run.group_size
-    path = model_dir(size, workdir)
-    num_params = count_parameters(path)
-    print(f"[{size}] model {path} ({num_params:,} parameters); measuring the fp32 matmul rate", flush=True)
+    path = case.write_model(workdir)
+    num_params, matmul_params = count_parameters(path)
+    print(f"[{case.name}] model {path} ({num_params:,} parameters); measuring the fp32 matmul rate", flush=True)
     rate = common.matmul_flops_per_second()
     onednn_rate = common.matmul_flops_per_second(kernel="onednn") if onednn_available() else None
+    named = trainers(args)
     rows = []
     for round_index in range(run.rounds):
-        order = ["verl", "trl"] if round_index % 2 == 0 else ["trl", "verl"]
+        order = list(named) if round_index % 2 == 0 else list(reversed(named))
         for name in order:
             start = time.perf_counter()
             load_before = os.getloadavg()[0]
-            runner = run_verl if name == "verl" else run_trl
-            row = summarise_run(name, runner(run, path, data_file, workdir), run.warmup_steps, num_samples)
+            row = summarise_run(name, named[name](run, path, data_file, workdir), run.warmup_steps, num_samples)
             row.update(round=round_index, process_wall_s=time.perf_counter() - start)
             row.update(load_1m_before=load_before, load_1m_after=os.getloadavg()[0])
             rows.append(row)
             print(
-                f"  [{size}] round {round_index} {name}: {row['step_s'] * 1e3:.1f} ms/step, "
+                f"  [{case.name}] round {round_index} {name}: {row['step_s'] * 1e3:.1f} ms/step, "
                 f"peak RSS {row['peak_rss_gb']:.2f} GiB",
                 flush=True,
             )
@@ -446,10 +530,14 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
     def of(trainer: str) -> list[dict[str, Any]]:
         return [r for r in rows if r["trainer"] == trainer]
 
-    ratios = []
-    for round_index in range(run.rounds):
-        by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
-        ratios.append(by_name["verl"]["samples_per_second"] / by_name["trl"]["samples_per_second"])
+    def ratios_of(trainer: str) -> list[float]:
+        ratios = []
+        for round_index in range(run.rounds):
+            by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
+            ratios.append(by_name[trainer]["samples_per_second"] / by_name["trl"]["samples_per_second"])
+        return ratios
+
+    ratios = ratios_of("verl")
     token_ratios = token_throughput_ratios(rows, run.rounds, num_samples)
     verl_step_s = common.median([r["step_s"] for r in of("verl")])
     trl_step_s = common.median([r["step_s"] for r in of("trl")])
@@ -459,9 +547,11 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
     num_tokens = common.median(tokens) if tokens else None
     flops, shares, onednn_shares = {}, {}, {}
     if num_tokens is not None:
-        flops, shares = phase_shares(num_params, num_tokens, phase_medians, verl_step_s, trl_step_s, rate)
+        flops, shares = phase_shares(matmul_params, num_tokens, phase_medians, verl_step_s, trl_step_s, rate)
         if onednn_rate is not None:
-            _, onednn_shares = phase_shares(num_params, num_tokens, phase_medians, verl_step_s, trl_step_s, onednn_rate)
+            _, onednn_shares = phase_shares(
+                matmul_params, num_tokens, phase_medians, verl_step_s, trl_step_s, onednn_rate
+            )
     response_lengths = [r["response_length_mean"] for r in of("verl") if r["response_length_mean"] is not None]
     trl_lengths = [r["response_length_mean"] for r in of("trl") if r.get("response_length_mean") is not None]
     worker_rss = [r["worker_peak_rss_gb"] for r in of("verl") if r["worker_peak_rss_gb"] is not None]
@@ -485,8 +575,9 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
         "matmul_flops_per_second": rate,
         "matmul_flops_per_second_onednn": onednn_rate,
         "num_parameters": num_params,
-        "model": {"path": "verl/models/tiny"} if size == "tiny" else {"shape": MODEL_10M, "seed": 0},
-        "settings": {field: getattr(run, field) for field in SIZE_DEFAULTS[size]},
+        "num_matmul_parameters": matmul_params,
+        "model": case.model_info,
+        "settings": {field: getattr(run, field) for field in SHAPE_DEFAULTS},
         "num_tokens_per_step_median": num_tokens,
         "response_length_mean_median": common.median(response_lengths) if response_lengths else None,
         # the same work needs the same response lengths: TRL's own mean completion length, for comparison
@@ -497,52 +588,37 @@ def bench_size(args, size: str, data_file: Path, workdir: Path) -> dict[str, Any
         "verl_phase_medians_s": phase_medians,
         "rows": rows,
     }
-    print_size(size, run, result)
+    if "verl_compile" in named:
+        compile_ratios = ratios_of("verl_compile")
+        result["compile_throughput_ratio"] = common.median(compile_ratios)
+        result["compile_ratios_per_round"] = compile_ratios
+        result["verl_compile_step_s_median"] = common.median([r["step_s"] for r in of("verl_compile")])
+    print_case(case.name, run, result)
     return result
 
 
-def token_throughput_ratios(rows: list[dict[str, Any]], num_rounds: int, num_samples: int) -> list[float]:
-    """Per round, verl's tokens per second over TRL's (prompt + response tokens of a step, per step time).
-
-    Both read the same prompts; a sample's prompt tokens are verl's (its real tokens per step less its responses),
-    its response tokens each trainer's own mean. Empty when verl logged no token count.
-    """
-    ratios = []
-    for round_index in range(num_rounds):
-        by_name = {r["trainer"]: r for r in rows if r["round"] == round_index}
-        verl, trl = by_name["verl"], by_name["trl"]
-        if verl["num_tokens"] is None or verl["response_length_mean"] is None or trl["response_length_mean"] is None:
-            return []
-        prompt_tokens = verl["num_tokens"] / num_samples - verl["response_length_mean"]
-        trl_tokens = num_samples * (prompt_tokens + trl["response_length_mean"])
-        ratios.append((verl["num_tokens"] / verl["step_s"]) / (trl_tokens / trl["step_s"]))
-    return ratios
-
-
-def _finite(value: float) -> float | None:
-    return value if value == value else None  # NaN (too few rounds) -> null in the JSON
-
-
-def print_size(size: str, run, result: dict[str, Any]) -> None:
+def print_case(name: str, run, result: dict[str, Any]) -> None:
     columns = ["round", "trainer", "step_s", "samples_per_second", "peak_rss_gb", "process_wall_s", "load_1m_before"]
-    print(f"\n== {size}: {result['num_parameters']:,} parameters, response length {run.response_length}")
+    print(f"\n== {name}: {result['num_parameters']:,} parameters, response length {run.response_length}")
     print(common.format_table(result["rows"], columns))
     phases = result["verl_phase_medians_s"]
     print("verl phase medians (s): " + ", ".join(f"{k.removeprefix('timing_s/')}={v:.4f}" for k, v in phases.items()))
     shares = ", ".join(f"{k}={v:.1%}" for k, v in result["shares_of_matmul_rate"].items()) or "n/a (no perf/num_tokens)"
     verl_length, trl_length = result["response_length_mean_median"], result["trl_completion_length_mean_median"]
     if verl_length is not None and trl_length is not None:
-        print(f"[{size}] mean response tokens: verl {verl_length:.1f}, TRL {trl_length:.1f}")
+        print(f"[{name}] mean response tokens: verl {verl_length:.1f}, TRL {trl_length:.1f}")
     if result["token_throughput_ratio"] is not None:
         token_ratios = result["token_ratios_per_round"]
         print(
-            f"[{size}] verl/TRL tokens per second {result['token_throughput_ratio']:.3f} "
+            f"[{name}] verl/TRL tokens per second {result['token_throughput_ratio']:.3f} "
             f"({min(token_ratios):.3f}..{max(token_ratios):.3f})"
         )
+    if "compile_throughput_ratio" in result:
+        print(f"[{name}] verl with use_torch_compile / TRL: {result['compile_throughput_ratio']:.3f}")
     worker = result["verl_worker_peak_rss_gb"]
     worker_text = f"{worker:.2f}" if worker is not None else "n/a"
     print(
-        f"[{size}] verl/TRL throughput {result['throughput_ratio']:.3f} (median of {len(result['ratios_per_round'])}"
+        f"[{name}] verl/TRL throughput {result['throughput_ratio']:.3f} (median of {len(result['ratios_per_round'])}"
         f" rounds, {result['ratio_spread']['min']:.3f}..{result['ratio_spread']['max']:.3f}); step "
         f"verl {result['verl_step_s_median']:.4f} s, TRL {result['trl_step_s_median']:.4f} s; peak RSS verl "
         f"{result['verl_peak_rss_gb']:.2f} GiB (driver {result['verl_driver_peak_rss_gb']:.2f} + worker "
@@ -553,7 +629,7 @@ def print_size(size: str, run, result: dict[str, Any]) -> None:
     if result["matmul_flops_per_second_onednn"] is not None:
         onednn = ", ".join(f"{k}={v:.1%}" for k, v in result["shares_of_onednn_matmul_rate"].items())
         print(
-            f"[{size}] oneDNN's fp32 matmul {result['matmul_flops_per_second_onednn'] / 1e9:.1f} GFLOP/s; share of "
+            f"[{name}] oneDNN's fp32 matmul {result['matmul_flops_per_second_onednn'] / 1e9:.1f} GFLOP/s; share of "
             f"it: {onednn or 'n/a'}",
             flush=True,
         )
@@ -564,10 +640,32 @@ def print_size(size: str, run, result: dict[str, Any]) -> None:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="tiny,10m", help=f"comma list of model sizes from {list(SIZE_DEFAULTS)}")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help=f"comma list of model sizes from {list(SIZE_DEFAULTS)} (default: both, unless --model, --shape or "
+        "--sweep is given)",
+    )
     for size, defaults in SIZE_DEFAULTS.items():
         for field, value in defaults.items():
             parser.add_argument(f"--{field.replace('_', '-')}-{size}", type=type(value), default=value)
+    parser.add_argument("--model", default=None, help="a Hugging Face model directory (with its tokenizer)")
+    parser.add_argument(
+        "--shape",
+        default=None,
+        help="a model shape, e.g. family=llama,hidden=384,layers=6,heads=6,kv_heads=6,"
+        "vocab=32000,tied=false (see model_shapes.py)",
+    )
+    parser.add_argument("--sweep", action="store_true", help="the shapes of model_shapes.SWEEP, one after the other")
+    parser.add_argument("--sweep-cases", default=None, help="comma list: only these cases of the sweep")
+    parser.add_argument("--compile", action="store_true", help="also run verl with actor.use_torch_compile=true")
+    # --model / --shape / --sweep settings (default: SHAPE_DEFAULTS, a sweep case's own response length); the TRL
+    # child receives its case's values through the same flags.
+    parser.add_argument("--response-length", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
+    parser.add_argument("--max-token-len", type=int, default=None, help="verl's ppo_max_token_len_per_gpu")
     parser.add_argument("--warmup-steps", type=int, default=2, help="first steps of a run left out")
     parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=4, help="samples per prompt (GRPO group)")
@@ -582,18 +680,27 @@ def parse_args(argv=None):
         help="verl's rollout: naive (the project's default) or hf (transformers generate, the engine TRL uses)",
     )
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="limit of one trainer run")
-    # The TRL child's own settings (one size's values, passed down by run_trl).
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="limit of one trainer run")
+    parser.add_argument("--results-name", default=None, help="results file stem (default: by what was run)")
+    # The TRL child's own settings (one case's values, passed down by run_trl).
     parser.add_argument("--trl-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--response-length", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--lr", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = "" if (args.model or args.shape or args.sweep) else "tiny,10m"
     args.sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     unknown = [s for s in args.sizes if s not in SIZE_DEFAULTS]
-    if unknown or not args.sizes:
+    if unknown:
         parser.error(f"--sizes: unknown {unknown}; choose from {list(SIZE_DEFAULTS)}")
+    if not (args.sizes or args.model or args.shape or args.sweep or args.trl_child):
+        parser.error("nothing to run: give --sizes, --model, --shape or --sweep")
+    if args.shape:
+        try:
+            parse_shape(args.shape)
+        except ValueError as error:
+            parser.error(f"--shape: {error}")
+    if args.model and not Path(args.model).is_dir():
+        parser.error(f"--model: {args.model} is not a directory")
     return args
 
 
@@ -601,6 +708,16 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def results_name(args) -> str:
+    if args.results_name:
+        return args.results_name
+    if args.sweep and not (args.sizes or args.model or args.shape):
+        return "bench_vs_trl_sweep"
+    if args.model or args.shape or args.sweep:
+        return "bench_vs_trl_custom"
+    return "bench_vs_trl"
 
 
 def main(argv=None) -> int:
@@ -612,25 +729,26 @@ def main(argv=None) -> int:
         raise SystemExit("--dtype float16 needs --device cuda: TRL (accelerate) has no fp16 mixed precision on CPU.")
     import trl
 
-    child_only = {"trl_child", "model_path", "steps", "response_length"}
+    cases = build_cases(args)
+    child_only = {"trl_child", "model_path"}
     payload: dict[str, Any] = {
         "settings": {k: v for k, v in vars(args).items() if k not in child_only},
         "trl_version": trl.__version__,
     }
-    per_size = {}
+    per_case = {}
     with tempfile.TemporaryDirectory(prefix="bench_vs_trl_") as tmp:
         workdir = Path(tmp)
         data_file = workdir / "prompts.parquet"
-        max_steps = max(size_args(args, s).steps for s in args.sizes)
+        max_steps = max(case.run.steps for case in cases)
         write_prompts(data_file, num_prompts=max(max_steps * args.prompts_per_step * 2, 256), seed=1)
-        for size in args.sizes:
-            per_size[size] = bench_size(args, size, data_file, workdir)
-            payload[f"throughput_ratio_{size}"] = per_size[size]["throughput_ratio"]
-    payload["per_size"] = per_size
+        for case in cases:
+            per_case[case.name] = bench_case(args, case, data_file, workdir)
+            payload[f"throughput_ratio_{case.name}"] = per_case[case.name]["throughput_ratio"]
+    payload["per_size"] = per_case
     print()
-    for size, result in per_size.items():
-        print(f"verl / TRL throughput, {size}: {result['throughput_ratio']:.3f}")
-    print(f"wrote {common.write_results('bench_vs_trl', payload)}")
+    for name, result in per_case.items():
+        print(f"verl / TRL throughput, {name}: {result['throughput_ratio']:.3f}")
+    print(f"wrote {common.write_results(results_name(args), payload)}")
     return 0
 
 

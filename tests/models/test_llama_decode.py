@@ -55,6 +55,8 @@ CASES = {
     "qwen3": {"head_dim": 8},  # per-head q/k RMSNorm
     # head_dim 32 against hidden_size / heads = 16: the query is 128 wide, the output product reads 128 into 64
     "qwen3-head-dim-32": {"hidden_size": 64, "head_dim": 32},
+    # scaled embedding, RMSNorm by (1 + weight), tanh GELU; one key/value head of 16
+    "gemma": {"num_key_value_heads": 1, "head_dim": 16},
 }
 
 

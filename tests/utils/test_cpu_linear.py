@@ -81,8 +81,9 @@ def test_values_and_gradients_are_those_of_f_linear(onednn_calls, batch_shape, b
     ours = _value_and_grads(onednn_linear, x, w, b, grad)
     reference = _value_and_grads(F.linear, x, w, b, grad)
     rows = x.numel() // 12
-    # forward, then the input gradient (grad @ W) and the weight gradient (grad.T @ x): three oneDNN products
-    assert onednn_calls == [((rows, 12), (20, 12)), ((rows, 20), (12, 20)), ((20, rows), (12, rows))]
+    # forward, then the input gradient (grad @ W): two oneDNN products; the weight gradient (grad.T @ x) has more
+    # outputs (20) than inputs (12), so it is MKL's torch.mm (see test_the_weight_gradient_goes_where_it_copies_less)
+    assert onednn_calls == [((rows, 12), (20, 12)), ((rows, 20), (12, 20))]
     for a, r, bound in zip(ours, reference, _linear_bounds(x, w, b, grad), strict=True):
         _assert_within(a, r, bound)  # only the summation order differs
     assert ours[2].is_contiguous()  # the weight gradient is laid out like the weight: no copy when accumulated
@@ -105,6 +106,26 @@ def test_gradients_reach_exactly_the_operands_that_require_them(onednn_calls, ne
             _assert_within(a, r, bound)
 
 
+@pytest.mark.parametrize("fan_in, fan_out, on_onednn", [(12, 20, False), (20, 12, True)], ids=["wide", "narrow"])
+def test_the_weight_gradient_goes_where_it_copies_less(onednn_calls, monkeypatch, fan_in, fan_out, on_onednn):
+    # oneDNN copies its first operand, the transposed (out, rows) gradient, to row-major; torch.mm reads it in place.
+    # A layer with at least as many outputs as inputs (a vocabulary's LM head) takes torch.mm, a narrowing one oneDNN;
+    # either way the gradient is F.linear's to float rounding.
+    mm_calls = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: mm_calls.append((tuple(a.shape), tuple(b.shape))) or mm(a, b))
+    x, w, b = _operands((6,), fan_in=fan_in, fan_out=fan_out)
+    grad = torch.randn(6, fan_out, generator=torch.Generator().manual_seed(1))
+    ours = _value_and_grads(onednn_linear, x, w, b, grad)
+    reference = _value_and_grads(F.linear, x, w, b, grad)
+    weight_grad_call = ((fan_out, 6), (fan_in, 6))
+    assert (weight_grad_call in onednn_calls) == on_onednn
+    assert mm_calls == ([] if on_onednn else [((fan_out, 6), (6, fan_in))])
+    assert ours[2].is_contiguous()  # the weight gradient is laid out like the weight
+    for a, r, bound in zip(ours, reference, _linear_bounds(x, w, b, grad), strict=True):
+        _assert_within(a, r, bound)
+
+
 def test_gradients_of_gradients_are_those_of_f_linear(onednn_calls):
     """A backward with create_graph=True gives gradients that can be differentiated again, like F.linear's."""
     x, w, b = _operands((2, 5))
@@ -117,9 +138,10 @@ def test_gradients_of_gradients_are_those_of_f_linear(onednn_calls):
         return [xr.grad, wr.grad, br.grad]
 
     ours, reference = second_order(onednn_linear), second_order(F.linear)
-    # the forward, and the two products of the plain second backward through it; the first backward
-    # (create_graph=True) ran its products on F.linear, else there would be two more
-    assert onednn_calls == [((10, 12), (20, 12)), ((10, 20), (12, 20)), ((20, 10), (12, 10))]
+    # the forward, and the input-gradient product of the plain second backward through it (its weight gradient,
+    # 20 outputs over 12 inputs, is torch.mm's); the first backward (create_graph=True) ran its products on
+    # F.linear, else there would be more
+    assert onednn_calls == [((10, 12), (20, 12)), ((10, 20), (12, 20))]
     rows, fan_in, fan_out = 10, 12, 20
     for a, r in zip(ours, reference, strict=True):
         # a chain of products each way: forward (fan_in), first backward (fan_out, rows), second backward (fan_in,

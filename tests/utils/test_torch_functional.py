@@ -105,6 +105,53 @@ def test_logprobs_from_logits_gradient():
     torch.testing.assert_close(logits.grad, expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_log_probs_and_their_lean_backward_match_autograd(dtype, temperature):
+    # logits (B=5, S=9, V=13), response columns 3..6 (R=4); the reference is autograd through slice, divide and
+    # logprobs_from_logits. d/dz of log p(label) is (onehot - softmax) / T on the response columns and 0 elsewhere.
+    gen = torch.Generator().manual_seed(4)
+    logits = (torch.randn(5, 9, 13, generator=gen) * 3).to(dtype).requires_grad_()
+    labels = torch.randint(0, 13, (5, 4), generator=gen)
+    weights = torch.randn(5, 4, generator=gen)
+    ours = tf.response_log_probs(logits, labels, start=3, temperature=temperature)
+    (ours * weights).sum().backward()
+    ours_grad, logits.grad = logits.grad, None
+    reference = tf.logprobs_from_logits(logits[:, 3:7].float() / temperature, labels)
+    (reference * weights).sum().backward()
+    assert ours.dtype == torch.float32 and ours_grad.dtype == dtype
+    torch.testing.assert_close(ours, reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        ours_grad.float(), logits.grad.float(), atol=1e-3 if dtype == torch.float16 else 1e-6, rtol=0
+    )
+    assert (ours_grad[:, :3] == 0).all() and (ours_grad[:, 7:] == 0).all()
+
+
+def test_response_log_probs_chunk_the_backward_over_rows(monkeypatch):
+    # a chunk of one batch row at a time gives the gradient of one chunk for all rows
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 6, 11, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 11, (3, 2), generator=gen)
+    tf.response_log_probs(logits, labels, 3).sum().backward()
+    whole, logits.grad = logits.grad, None
+    monkeypatch.setattr(tf, "_BACKWARD_CHUNK_ELEMENTS", 1)
+    tf.response_log_probs(logits, labels, 3).sum().backward()
+    torch.testing.assert_close(logits.grad, whole, atol=1e-7, rtol=0)
+    with pytest.raises(ValueError, match="outside logits"):
+        tf.response_log_probs(logits, labels, 5)
+
+
+def test_compute_response_log_probs_takes_only_the_last_positions_logits():
+    # a model called with logits_to_keep=R+1 returns the last R+1 positions only: the same log-probs and entropy
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(2, 7, 10, generator=gen)
+    input_ids = torch.randint(0, 10, (2, 7), generator=gen)
+    full = tf.compute_response_log_probs(logits, input_ids, 3, 0.8, calculate_entropy=True)
+    last = tf.compute_response_log_probs(logits[:, -4:], input_ids, 3, 0.8, calculate_entropy=True)
+    for a, b in zip(full, last, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_entropy_uniform_and_peaked():
     vocab = 8
     uniform = tf.entropy_from_logits(torch.zeros(2, 3, vocab))

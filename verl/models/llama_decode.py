@@ -1,4 +1,4 @@
-"""A lean decode step for Llama-family Hugging Face models (Llama, Mistral, Qwen2, Qwen3), on their own weights.
+"""A lean decode step for Llama-family Hugging Face models (Llama, Mistral, Qwen2, Qwen3, Gemma), on their own weights.
 
 A decode step feeds one token per row. ``transformers`` runs it through its module stack: per layer, three
 projection calls for query, key and value, two for the MLP's gate and up, a mask built for the cache, and a dozen
@@ -17,7 +17,10 @@ one plain function over the same weights:
 - the grouped query heads attend as a ``[rows, key/value heads, group, head_dim]`` query against the cache, one
   fused attention call with no copy of the keys and values per query head;
 - the rotary embedding comes from the model's own rotary module, once per step for all layers, so every rope
-  variant the model supports is honoured.
+  variant the model supports is honoured;
+- Gemma differs from Llama in three places, each taken from the model: its embedding module scales by the square
+  root of the hidden size (the step calls that module), its RMSNorms scale by ``1 + weight`` (the step adds the 1,
+  once per call, to each norm's weight), and its MLP's activation is the tanh-approximated GELU.
 
 The step writes the new keys and values into the same cache layers the prefill filled, so row selection
 (:meth:`keep_rows`) and release are the HF decoder's. It computes what the modules it bypasses would, and only
@@ -47,8 +50,21 @@ __all__ = ["LlamaFamilyDecoder", "lean_decode_refusal", "supports_llama_decode"]
 logger = logging.getLogger(__name__)
 
 # Model types whose decoder layer is: RMSNorm, attention (q/k/v/o projections, rotary embedding, optional per-head
-# q/k RMSNorm), residual, RMSNorm, gated SiLU MLP, residual.
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+# q/k RMSNorm), residual, RMSNorm, gated MLP, residual; each with the MLP activation its config must name, and
+# whether its RMSNorm scales by (1 + weight) instead of weight.
+FAMILY_ACTIVATION = {
+    "llama": "silu",
+    "mistral": "silu",
+    "qwen2": "silu",
+    "qwen3": "silu",
+    "gemma": "gelu_pytorch_tanh",
+}
+NORM_ADDS_ONE = ("gemma",)
+LLAMA_FAMILY = tuple(FAMILY_ACTIVATION)
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
 
 # The linear layer classes whose forward is ``F.linear(x, weight, bias)`` and nothing more (OneDNNLinear: the same
 # product on oneDNN's kernels). Exact classes, not subclasses: a subclass (an adapter, a quantised layer) may have a
@@ -67,8 +83,9 @@ def supports_llama_decode(module: torch.nn.Module) -> bool:
 def lean_decode_refusal(module: torch.nn.Module) -> str | None:
     """Why :class:`LlamaFamilyDecoder` cannot decode ``module``, or None when it can.
 
-    It needs a Llama-family model type, SiLU activation, full attention in every layer, plain (unsharded)
-    parameters (an FSDP2-sharded model only gathers its weights inside its own forward pass), and every module whose
+    It needs a Llama-family model type with its family's activation (SiLU; Gemma's tanh GELU), full attention in
+    every layer, plain (unsharded) parameters (an FSDP2-sharded model only gathers its weights inside its own forward
+    pass), and every module whose
     forward the lean step replaces by its own arithmetic (the model, its layers, their attention and MLP, norms,
     projections, activation and the LM head) must be ``transformers``' own class, or a plain ``nn.Linear`` for a
     projection, with no forward hook or forward pre-hook, and no global module hook registered.
@@ -77,8 +94,9 @@ def lean_decode_refusal(module: torch.nn.Module) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in LLAMA_FAMILY:
         return f"model type {model_type!r} is not one of {LLAMA_FAMILY}"
-    if getattr(config, "hidden_act", None) != "silu":
-        return f"activation {getattr(config, 'hidden_act', None)!r} is not silu"
+    activation = getattr(config, "hidden_act", None)
+    if activation != FAMILY_ACTIVATION[model_type]:
+        return f"activation {activation!r} is not {FAMILY_ACTIVATION[model_type]}"
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     sliding = getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
     if sliding or any(kind != "full_attention" for kind in layer_types):
@@ -251,6 +269,10 @@ class LlamaFamilyDecoder(HFCachedDecoder):
         self.num_heads = int(config.num_attention_heads)
         self.group = self.num_heads // self.num_kv_heads
         self.fuse_projections = fuse_projections
+        self._activation = ACTIVATIONS[config.hidden_act]
+        self._norm_adds_one = config.model_type in NORM_ADDS_ONE
+        # each RMSNorm's scale for this call: its weight, or 1 + weight (Gemma), built at the prefill
+        self._norm_scales: dict[torch.nn.Module, torch.Tensor] = {}
         # None between calls, and during a call whose model the lean step refused at its prefill
         self._layers: list[_LayerWeights] | None = None
         self._refusal: str | None = None
@@ -269,10 +291,14 @@ class LlamaFamilyDecoder(HFCachedDecoder):
                 fuse = self.module.lm_head.weight.device.type == "cpu"
             # the weights of this call (training changed them since the last one), fused once for all its steps
             self._layers = [_layer_weights(layer, fuse) for layer in self.module.model.layers]
+            if self._norm_adds_one:
+                norms = [m for _, m, kind in _bypassed_modules(self.module) if kind == "norm"]
+                self._norm_scales = {norm: 1.0 + norm.weight.detach() for norm in norms}
         return super().prefill(input_ids, attention_mask, position_ids, max_new_tokens)
 
     def release(self):
         self._layers = None
+        self._norm_scales = {}
         super().release()
 
     def num_fused_bytes(self) -> int:
@@ -296,8 +322,9 @@ class LlamaFamilyDecoder(HFCachedDecoder):
             return self._linear(hidden, head.weight, head.bias).float()  # float32, as every decoder returns
 
     def _rms_norm(self, hidden: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-        eps = getattr(norm, "variance_epsilon", self.eps)  # transformers' RMSNorm keeps its own
-        return F.rms_norm(hidden, (hidden.shape[-1],), norm.weight, eps)
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", self.eps))  # transformers' RMSNorm keeps its own
+        scale = self._norm_scales.get(norm, norm.weight)
+        return F.rms_norm(hidden, (hidden.shape[-1],), scale, eps)
 
     def _layer(self, hidden, weights: _LayerWeights, cache, cos, sin, attend) -> torch.Tensor:
         rows, head_dim, kv_heads = hidden.shape[0], self.head_dim, self.num_kv_heads
@@ -322,4 +349,4 @@ class LlamaFamilyDecoder(HFCachedDecoder):
         hidden = hidden + self._linear(attended.reshape(rows, -1), out.weight, out.bias)
         gate, up = weights.gate_up(self._linear, self._rms_norm(hidden, weights.post_norm))
         down = weights.down
-        return hidden + self._linear(F.silu(gate) * up, down.weight, down.bias)
+        return hidden + self._linear(self._activation(gate) * up, down.weight, down.bias)

@@ -107,6 +107,78 @@ def log_prob_temperature(temperature: float) -> float:
     return 1.0 if temperature == 0 else float(temperature)
 
 
+# fp32 elements of one chunk of the response log-probs' backward pass (64 MiB)
+_BACKWARD_CHUNK_ELEMENTS = 2**24
+
+
+class _ResponseLogProbs(torch.autograd.Function):
+    """``log_softmax(logits[:, start:start+R] / T)`` at ``labels``, with a backward pass that writes the gradient of
+    the whole ``logits`` in one buffer.
+
+    Autograd's own graph for the same arithmetic (slice, divide, logsumexp, gather, subtract) allocates and fills
+    several full-vocabulary tensors in its backward pass: the logsumexp's softmax, its product with the incoming
+    gradient, the gather's zero-filled scatter target, their sum, and a zero-filled tensor of the whole logits'
+    shape for the slice. On a CPU those passes over memory, not the output projection's product, took most of an
+    update with a large vocabulary (Qwen2's 151,936 tokens: 8 of the 14 s of the update of ``bench_vs_trl``'s
+    ``qwen2-20m-v152k`` case). Here the gradient is ``(onehot(label) - softmax(z)) * g / T``, written chunk by chunk
+    straight into one uninitialised buffer of the logits' shape (three passes: subtract, exponentiate, scale; then
+    the label's entries), and only the columns outside the response are zeroed.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, start, temperature):
+        response = labels.shape[-1]
+        z = logits[:, start : start + response]
+        picked = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
+        # a few batch rows at a time, on the strided slice itself: its fp32 (and tempered) copy is one chunk's
+        rows = max(1, _BACKWARD_CHUNK_ELEMENTS // max(1, response * logits.shape[-1]))
+        log_z = torch.cat([_tempered(chunk, temperature).logsumexp(dim=-1) for chunk in z.split(rows)])
+        ctx.save_for_backward(logits, labels, log_z)
+        ctx.start, ctx.temperature = start, temperature
+        return picked / temperature - log_z
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, labels, log_z = ctx.saved_tensors
+        start, temperature = ctx.start, ctx.temperature
+        batch, response = labels.shape
+        grad_logits = torch.empty_like(logits)
+        grad_logits[:, :start].zero_()
+        grad_logits[:, start + response :].zero_()
+        scale = grad.float() / temperature  # (B, R): d loss / d z_j = scale * ([j = label] - p_j)
+        rows = max(1, _BACKWARD_CHUNK_ELEMENTS // max(1, response * logits.shape[-1]))
+        for first in range(0, batch, rows):
+            part = slice(first, first + rows)
+            z = _tempered(logits[part, start : start + response], temperature)
+            out = grad_logits[part, start : start + response]
+            # the chunk's -p * scale, computed in fp32 (into the gradient itself when it is fp32)
+            fp32_out = out if out.dtype == torch.float32 else None
+            probs = (
+                torch.sub(z, log_z[part, :, None], out=fp32_out) if fp32_out is not None else z - log_z[part, :, None]
+            )
+            probs.exp_().mul_(scale[part, :, None].neg())
+            probs.scatter_add_(-1, labels[part, :, None], scale[part, :, None])
+            if fp32_out is None:
+                out.copy_(probs)
+        return grad_logits, None, None, None
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` in float32 (``logits`` itself when it is float32 and the temperature 1)."""
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def response_log_probs(
+    logits: torch.Tensor, labels: torch.Tensor, start: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """``log_softmax(logits[:, start:start + R] / temperature)`` at ``labels`` (B, R), in float32; differentiable
+    with respect to ``logits`` (B, S, V) through a lean backward pass (see :class:`_ResponseLogProbs`)."""
+    if not 0 <= start <= logits.shape[1] - labels.shape[-1]:
+        raise ValueError(f"response columns [{start}, {start + labels.shape[-1]}) outside logits of {logits.shape[1]}")
+    return _ResponseLogProbs.apply(logits, labels, start, float(temperature))
+
+
 def compute_response_log_probs(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -119,7 +191,8 @@ def compute_response_log_probs(
     """Log-probs (and entropy) of the response tokens from full-sequence logits.
 
     Args:
-        logits: (B, S, V) logits of the whole sequence; position t predicts token t + 1.
+        logits: (B, S, V) logits of the whole sequence, or (B, L, V) of its last L >= R + 1 positions only (a model
+            called with ``logits_to_keep``); position t predicts token t + 1.
         input_ids: (B, S) tokens whose last ``response_length`` positions are the response.
         response_length: R.
         temperature: the rollout's sampling temperature; logits are divided by it (by 1 for greedy decoding, 0:
@@ -132,14 +205,15 @@ def compute_response_log_probs(
         (log_probs (B, R) float32, entropy (B, R) float32 or None)
     """
     seq_len = input_ids.shape[-1]
-    response_logits = logits[:, seq_len - response_length - 1 : seq_len - 1, :]
+    start = logits.shape[1] - response_length - 1  # the logits' column that predicts the first response token
     temperature = log_prob_temperature(temperature)
-    if temperature != 1.0:
-        response_logits = response_logits / temperature
     labels = input_ids[:, seq_len - response_length :]
-    log_probs = logprobs_from_logits(response_logits, labels)
+    log_probs = response_log_probs(logits, labels, start, temperature)
     entropy = None
     if calculate_entropy:
+        response_logits = logits[:, start : start + response_length, :]
+        if temperature != 1.0:
+            response_logits = response_logits / temperature
         entropy_fn = entropy_from_logits_with_chunking if entropy_chunking else entropy_from_logits
         if entropy_checkpointing and response_logits.requires_grad:
             entropy = torch.utils.checkpoint.checkpoint(entropy_fn, response_logits, use_reentrant=False)

@@ -56,6 +56,24 @@ def test_log_probs_match_a_direct_computation():
     assert entropy.shape == (8, 4) and torch.all(entropy > 0)
 
 
+def test_only_the_response_positions_are_projected_onto_the_vocabulary():
+    # the prompt's logits are never read: the model is asked for the last R + 1 = 5 positions (logits_to_keep), and
+    # both the log-probs and the update's gradients are those of the whole-sequence path (use_torch_compile and
+    # packed rows take the whole sequence)
+    actor, whole = make_actor(), make_actor()
+    whole.forward_response_logits = lambda ids, mask, pos, response_length: whole.forward_logits(ids, mask, pos)
+    seen = []
+    actor.actor_module.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("logits_to_keep")), with_kwargs=True
+    )
+    batch = ppo_batch()
+    torch.testing.assert_close(actor.compute_log_prob(batch)[0], whole.compute_log_prob(batch)[0], atol=0, rtol=0)
+    assert seen == [5]
+    for one in (actor, whole):
+        one.update_policy(batch_with_old_log_probs(one))
+    assert_gradients_close(whole.actor_module, actor.actor_module, batch.batch["input_ids"].shape[1])
+
+
 def test_log_probs_are_taken_at_the_batch_temperature():
     actor = make_actor()
     batch = ppo_batch(temperature=0.7)

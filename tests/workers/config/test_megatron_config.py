@@ -109,6 +109,22 @@ def test_transformer_overrides_are_checked_against_megatron_core_fields():
         section({"override_transformer_config": {"moe_router_dtype": "fp32"}})
 
 
+def test_without_megatron_core_a_dp_run_starts_and_the_megatron_strategy_is_refused(monkeypatch):
+    # verl's default YAML sets override_transformer_config keys (recompute_*, attention_backend) in every megatron
+    # section; a dp run must not need megatron-core to check names only the megatron backend reads.
+    from verl.workers.config import megatron as megatron_module
+
+    monkeypatch.setattr(megatron_module, "megatron_core_installed", lambda: False)
+    monkeypatch.setattr(
+        megatron_module, "_dataclass_fields", lambda kind: pytest.fail("megatron-core's fields were looked up")
+    )
+    cfg = compose_ppo_config(["trainer.device=cpu"])
+    assert cfg.actor_rollout_ref.actor.strategy != "megatron"
+    assert cfg.actor_rollout_ref.actor.megatron.override_transformer_config  # verl's defaults, unchecked but kept
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.strategy=megatron needs megatron-core"):
+        compose()
+
+
 def test_transformer_overrides_reach_the_builder_with_sequence_parallel_where_it_runs():
     megatron = section({"override_transformer_config": {"attention_backend": "unfused", "hidden_dropout": 0.1}})
     from megatron.core.transformer.enums import AttnBackend

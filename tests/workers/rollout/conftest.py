@@ -37,11 +37,11 @@ def make_prompts(rows: list[list[int]], num_prompt_tokens: int, non_tensors: dic
 
 
 def build_tiny_model(arch: str = "qwen2", **overrides):
-    """A 2-layer, hidden-32, vocab-32 random model of a Llama-family ``arch`` (llama, mistral, qwen2, qwen3); a wide
-    init so greedy paths do not collapse to one token. ``overrides`` go to the config."""
+    """A 2-layer, hidden-32, vocab-32 random model of a Llama-family ``arch`` (llama, mistral, qwen2, qwen3, gemma); a
+    wide init so greedy paths do not collapse to one token. ``overrides`` go to the config."""
     import transformers
 
-    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[arch]
+    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma"}[arch]
     config = getattr(transformers, f"{prefix}Config")(
         **{
             "vocab_size": VOCAB_SIZE,

@@ -5,7 +5,15 @@ import math
 import torch
 
 from verl.utils.torch_functional import compute_response_log_probs
-from verl.workers.rollout.sampling import apply_top_k, apply_top_p, sample_next_token, sampled_token_log_probs
+from verl.workers.rollout import sampling
+from verl.workers.rollout.sampling import (
+    apply_top_k,
+    apply_top_p,
+    draw_categorical,
+    sample_next_token,
+    sample_with_log_probs,
+    sampled_token_log_probs,
+)
 
 from .conftest import sampling_options
 
@@ -63,3 +71,57 @@ def test_greedy_log_probs_of_engine_and_trainer_agree_at_temperature_one():
     expected = 2.0 - math.log(math.exp(2.0) + 1.0 + math.exp(-1.0))
     assert token.tolist() == [0]
     assert abs(engine.item() - expected) < 1e-6 and abs(trainer.item() - expected) < 1e-6
+
+
+def test_draws_follow_the_weights_with_one_random_number_per_row(monkeypatch):
+    # weights e^0, e^2, e^1, e^-5, 0, e^0.5, e^3 (normalised by their sum, 35.25); 200k rows: the standard error of
+    # a share is at most sqrt(0.25 / 200000) = 0.0011, so 0.006 is over five of them. Blocks of 1024 (one block),
+    # 3 (two full blocks and a short tail) and 2 take the block path's every branch.
+    logits = torch.tensor([0.0, 2.0, 1.0, -5.0, NEG_INF, 0.5, 3.0])
+    expected = torch.softmax(logits, -1)
+    for block in (1024, 3, 2):
+        monkeypatch.setattr(sampling, "DRAW_BLOCK", block)
+        draws = draw_categorical(expected.repeat(200_000, 1), torch.Generator().manual_seed(1))
+        shares = torch.bincount(draws, minlength=7).float() / len(draws)
+        assert (shares - expected).abs().max() < 0.006, (block, shares)
+        assert shares[4] == 0  # a zero weight is never drawn
+
+
+def test_a_draw_never_lands_on_a_zero_weight_past_the_end_of_a_block():
+    # trailing zeros after the only positive weights: a target at (or, by rounding, past) a block's end must fall
+    # back to the last positive weight before it, never onto the zeros
+    weights = torch.tensor([[0.0, 3.0, 0.0, 0.0, 0.0]])
+    index, drawn = torch.tensor([[4]]), torch.tensor([[0.0]])
+    assert sampling._last_positive_at_or_before(weights, index, drawn).tolist() == [[1]]
+    draws = draw_categorical(weights.repeat(1000, 1), torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) == {1}
+
+
+def test_sampling_with_log_probs_matches_log_softmax_and_the_generator():
+    # the one-softmax path: the log-prob of each drawn token is log_softmax(logits / T) at it
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 5000, generator=gen) * 3
+    params = sampling_options(n=1, response_length=1, temperature=0.7, top_k=-1, top_p=1.0)
+    tokens, log_probs = sample_with_log_probs(logits, params, torch.Generator().manual_seed(5))
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    assert torch.allclose(log_probs, expected, atol=1e-5)
+    again, _ = sample_with_log_probs(logits, params, torch.Generator().manual_seed(5))
+    assert torch.equal(tokens, again)  # a seeded rollout is reproducible
+    # filtered and greedy calls take sample_next_token and sampled_token_log_probs, which agree with the same seed
+    for options in (dict(top_k=3), dict(top_p=0.5), dict(do_sample=False)):
+        filtered = sampling_options(n=1, response_length=1, temperature=0.7, **options)
+        tokens, log_probs = sample_with_log_probs(logits, filtered, torch.Generator().manual_seed(2))
+        reference = sample_next_token(logits, filtered, torch.Generator().manual_seed(2))
+        assert torch.equal(tokens, reference)
+        assert torch.equal(log_probs, sampled_token_log_probs(logits, reference, filtered))
+
+
+def test_a_drawn_token_below_float32_underflow_gets_its_exact_log_prob(monkeypatch):
+    # logits 0, 100, -100: token 2's probability e^-100 / (1 + e^100 + e^-100) = e^-200 / (1 + e^-100 + e^-200)
+    # underflows float32 to 0, whose log is -inf; the exact log-prob is -100 - logsumexp = -100 - 100 = -200.
+    monkeypatch.setattr(sampling, "draw_categorical", lambda probs, generator: torch.tensor([2, 1]))
+    logits = torch.tensor([[0.0, 100.0, -100.0]]).repeat(2, 1)
+    params = sampling_options(n=1, response_length=1, temperature=1.0, top_k=-1, top_p=1.0)
+    tokens, log_probs = sample_with_log_probs(logits, params)
+    assert tokens.tolist() == [2, 1]
+    assert abs(log_probs[0].item() + 200.0) < 1e-3 and abs(log_probs[1].item()) < 1e-6

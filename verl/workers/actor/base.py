@@ -78,6 +78,11 @@ class BasePPOActor(UpdateLoop):
             input_ids, attention_mask, position_ids: (B, S) int64, left-padded prompts followed by responses.
         """
 
+    def forward_response_logits(self, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
+        """Logits (B, L, V) of at least the last ``response_length + 1`` positions (L <= S), which are all that the
+        response's log-probs read; by default the whole sequence's (:meth:`forward_logits`)."""
+        return self.forward_logits(input_ids, attention_mask, position_ids)
+
     def forward_response_log_probs(
         self, input_ids, attention_mask, position_ids, response_length: int, temperature: float, calculate_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -121,7 +126,7 @@ class BasePPOActor(UpdateLoop):
                 )
         else:
             with self.autocast():
-                logits = self.forward_logits(input_ids, attention_mask, position_ids)
+                logits = self.forward_response_logits(input_ids, attention_mask, position_ids, kept)
             log_prob, entropy = compute_response_log_probs(
                 logits, input_ids, kept, temperature, calculate_entropy, **self._entropy_options()
             )

@@ -79,6 +79,25 @@ class DataParallelPPOActor(BasePPOActor):
         )
         return getattr(output, "logits", output)
 
+    def forward_response_logits(self, input_ids, attention_mask, position_ids, response_length):
+        # A Hugging Face model projects only the last R + 1 positions onto the vocabulary (logits_to_keep): the
+        # prompt's logits are never read. Packed rows (use_remove_padding) and the compiled call (whose graph would
+        # specialise on the count) take the whole sequence.
+        if (
+            self.use_remove_padding
+            or self.config.use_torch_compile
+            or not isinstance(self.actor_module, PreTrainedModel)
+        ):
+            return self.forward_logits(input_ids, attention_mask, position_ids)
+        output = self.actor_module(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=response_length + 1,
+        )
+        return output.logits
+
     def forward_response_log_probs(
         self, input_ids, attention_mask, position_ids, response_length, temperature, calculate_entropy
     ):

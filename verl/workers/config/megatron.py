@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import logging
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -94,6 +95,10 @@ OPTIMIZER_FIELDS_FROM_KEYS = {
 DDP_FIELDS_FROM_KEYS = {"use_distributed_optimizer": "megatron.use_distributed_optimizer"}
 
 
+def megatron_core_installed() -> bool:
+    return importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+
+
 def _dataclass_fields(kind: str) -> set[str]:
     """The field names of megatron-core's ``TransformerConfig``, ``OptimizerConfig`` or DDP config."""
     if kind == "transformer":
@@ -132,9 +137,11 @@ def check_passthrough_keys(overrides: Any, kind: str, key: str, decided_by: Mapp
         return {}
     if not isinstance(overrides, Mapping):
         raise FieldError(key, f"must be a mapping of {_DATACLASS_NAMES[kind]} fields to values, got {overrides!r}.")
-    fields = _dataclass_fields(kind)
+    # Without megatron-core the names cannot be checked; only the megatron backend reads them, and choosing it without
+    # megatron-core installed is refused on its own (check_megatron_sections). A dp / fsdp2 run needs no megatron-core.
+    fields = _dataclass_fields(kind) if overrides and megatron_core_installed() else None
     for name in overrides:
-        if name not in fields:
+        if fields is not None and name not in fields:
             close = difflib.get_close_matches(str(name), sorted(fields), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else "; see megatron-core's documentation."
             raise FieldError(f"{key}.{name}", f"is not a field of {_DATACLASS_NAMES[kind]} (megatron-core 0.16){hint}")
@@ -434,6 +441,11 @@ def check_megatron_sections(config: Any) -> None:
             sections.append((config.critic.megatron, "critic", config.critic.optim, True, False))
         else:
             _refuse_optimizer_overrides(config.critic.optim, "critic", config.critic_strategy)
+    if sections and not megatron_core_installed():
+        raise ValueError(
+            f"{sections[0][1]}.strategy=megatron needs megatron-core, which is not installed: pip install "
+            "'megatron-core>=0.16,<0.17' (or choose strategy=fsdp2 / dp)."
+        )
     for megatron, key, optim, trainable, has_path in sections:
         uses_megatron = None
         if device is not None:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
 from verl.workers.rollout.decoding import IncrementalDecoder, LogitsFn, RecomputeDecoder
 from verl.workers.rollout.postprocess import compute_position_ids, is_eos
-from verl.workers.rollout.sampling import sample_next_token, sampled_token_log_probs
+from verl.workers.rollout.sampling import sample_with_log_probs
 
 __all__ = ["ROW_BUCKET", "NaiveRollout", "rows_to_keep"]
 
@@ -182,9 +182,9 @@ class NaiveRollout(BaseRollout):
         try:
             logits = self.decoder.prefill(input_ids, attention_mask, position_ids, params.response_length)
             for step in range(params.response_length):
-                next_tokens = sample_next_token(logits, params, generator)
+                next_tokens, next_log_probs = sample_with_log_probs(logits, params, generator)
                 tokens[rows, step] = next_tokens
-                log_probs[rows, step] = sampled_token_log_probs(logits, next_tokens, params)
+                log_probs[rows, step] = next_log_probs
                 num_steps = step + 1
                 finished |= is_eos(next_tokens, self.stop_ids)
                 if num_steps == params.response_length:
