@@ -277,3 +277,18 @@ def test_activation_checkpointing_recomputes_the_onednn_forward(onednn_calls):
     # checkpointing re-runs each decoder layer's forward (7 products per layer) in the backward pass
     assert len(onednn_calls) - calls_before - plain_calls > plain_calls
     _assert_same_gradients(actors[0].actor_module, actors[1].actor_module)
+
+
+def test_a_compiled_forward_runs_f_linear_which_inductor_can_lower(onednn_calls):
+    # actor.use_torch_compile with use_onednn_linear: inductor cannot lower oneDNN's op (it failed the whole run), so
+    # the traced forward takes F.linear; eager calls outside the compiled region still go through oneDNN
+    layer = torch.nn.Linear(12, 20)
+    assert use_onednn_linear(layer) == 1
+    x = torch.randn(6, 12, requires_grad=True)
+    compiled = torch.compile(layer, backend="eager", dynamic=True)
+    out = compiled(x)
+    out.sum().backward()
+    assert onednn_calls == []
+    torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
+    layer(x)
+    assert onednn_calls == [((6, 12), (20, 12))]

@@ -13,7 +13,7 @@ when that is safe and worth it, and through ``F.linear`` otherwise:
 The arithmetic is full fp32 (oneDNN's default math mode), so results differ from MKL's only in summation order.
 Gradients flow to whichever of input, weight and bias require them (a frozen weight with a trained bias included);
 a backward with ``create_graph=True`` runs its products on ``F.linear``, so gradients of gradients are those of
-``nn.Linear``.
+``nn.Linear``; so does a compiled forward (``torch.compile``, whose inductor lowers ``F.linear`` itself).
 :func:`use_onednn_linear` switches a model's ``nn.Linear`` modules in place: same parameters, same names, same
 ``state_dict``; FSDP2 sharding, tied weights and checkpoints are unaffected. The switch is
 ``actor_rollout_ref.model.use_onednn_linear`` (and ``critic.model.use_onednn_linear``).
@@ -140,7 +140,13 @@ def _worth_onednn(inputs: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` with fp32 CPU products of at least :data:`MIN_FLOPS` done by oneDNN (with autograd)."""
+    """``F.linear`` with fp32 CPU products of at least :data:`MIN_FLOPS` done by oneDNN (with autograd).
+
+    Inside ``torch.compile`` (``actor.use_torch_compile``) the product is ``F.linear``: inductor cannot lower oneDNN's
+    op, and it generates its own kernels for a linear layer.
+    """
+    if torch.compiler.is_compiling():
+        return F.linear(inputs, weight, bias)
     if _worth_onednn(inputs, weight):
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (inputs, weight, bias)):
             return _OneDNNLinearFunction.apply(inputs, weight, bias)
