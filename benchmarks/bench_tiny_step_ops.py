@@ -85,6 +85,36 @@ def make_step(worker, data):
     return prompts, update_batch
 
 
+def time_steps(worker, prompts, update_batch, num_warmup: int, num_steps: int, log=None) -> dict[str, Any]:
+    """Run ``num_warmup + num_steps`` steps of the worker's two calls; the timed steps' generation and update
+    seconds, real tokens, and the last generated batch. ``log(step, gen_s, update_s)`` is called after each step."""
+    gen_s, update_s, tokens, batch = [], [], [], None
+    for step in range(num_warmup + num_steps):
+        batch_in = prompts()
+        start = time.perf_counter()
+        batch = worker.generate_with_log_probs(batch_in)
+        generated = time.perf_counter()
+        update = update_batch(batch)
+        update_start = time.perf_counter()
+        worker.update_actor(update)
+        update_end = time.perf_counter()
+        if log is not None:
+            log(step, generated - start, update_end - update_start)
+        if step >= num_warmup:
+            gen_s.append(generated - start)
+            update_s.append(update_end - update_start)
+            tokens.append(int(batch.batch["attention_mask"].sum()))
+    return {"gen_s": gen_s, "update_s": update_s, "tokens": tokens, "last_batch": batch}
+
+
+def profile_calls(worker, prompts, update_batch, num_top: int = 8) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`profile_call` of one ``generate_with_log_probs`` and one ``update_actor`` on fresh prompts."""
+    batch_in = prompts()
+    gen_ops = profile_call(lambda: worker.generate_with_log_probs(batch_in), num_top)
+    update = update_batch(worker.generate_with_log_probs(prompts()))
+    return gen_ops, profile_call(lambda: worker.update_actor(update), num_top)
+
+
 def profile_call(fn, num_top: int = 8) -> dict[str, Any]:
     """Operator count and self time of one call of ``fn`` (torch.profiler, CPU)."""
     from torch.profiler import ProfilerActivity, profile
@@ -202,22 +232,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_tiny_ops_") as tmp:
         worker, data = build_worker(args.warmup + args.steps + 2, Path(tmp))
         prompts, update_batch = make_step(worker, data)
-        gen_s, update_s = [], []
-        for step in range(args.warmup + args.steps):
-            batch_in = prompts()
-            start = time.perf_counter()
-            batch = worker.generate_with_log_probs(batch_in)
-            generated = time.perf_counter()
-            update = update_batch(batch)
-            update_start = time.perf_counter()
-            worker.update_actor(update)
-            if step >= args.warmup:
-                gen_s.append(generated - start)
-                update_s.append(time.perf_counter() - update_start)
-        batch_in = prompts()
-        gen_ops = profile_call(lambda: worker.generate_with_log_probs(batch_in))
-        update = update_batch(worker.generate_with_log_probs(prompts()))
-        update_ops = profile_call(lambda: worker.update_actor(update))
+        steps = time_steps(worker, prompts, update_batch, args.warmup, args.steps)
+        gen_s, update_s, batch = steps["gen_s"], steps["update_s"], steps["last_batch"]
+        gen_ops, update_ops = profile_calls(worker, prompts, update_batch)
     from verl.single_controller.transport import PackedDataProto
 
     payload_bytes = len(PackedDataProto(batch).payload)

@@ -17,7 +17,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -70,25 +69,16 @@ def main(argv=None) -> int:
         worker, data, case, model = build_worker(case_flags, args.warmup + args.steps + 2, Path(tmp), args.overrides)
         _, matmul_params = bench_vs_trl.count_parameters(model)
         prompts, update_batch = bench_tiny_step_ops.make_step(worker, data)
-        gen_s, update_s, tokens = [], [], []
-        for step in range(args.warmup + args.steps):
-            start = time.perf_counter()
-            batch = worker.generate_with_log_probs(prompts())
-            generated = time.perf_counter()
-            update = update_batch(batch)
-            update_start = time.perf_counter()
-            worker.update_actor(update)
-            if step >= args.warmup:
-                gen_s.append(generated - start)
-                update_s.append(time.perf_counter() - update_start)
-                tokens.append(int(batch.batch["attention_mask"].sum()))
-            print(
-                f"step {step}: generation {generated - start:.3f} s, update {time.perf_counter() - update_start:.3f} s"
-            )
-        batch_in = prompts()
-        gen_ops = bench_tiny_step_ops.profile_call(lambda: worker.generate_with_log_probs(batch_in), args.top)
-        update = update_batch(worker.generate_with_log_probs(prompts()))
-        update_ops = bench_tiny_step_ops.profile_call(lambda: worker.update_actor(update), args.top)
+        steps = bench_tiny_step_ops.time_steps(
+            worker,
+            prompts,
+            update_batch,
+            args.warmup,
+            args.steps,
+            log=lambda step, gen, update: print(f"step {step}: generation {gen:.3f} s, update {update:.3f} s"),
+        )
+        gen_ops, update_ops = bench_tiny_step_ops.profile_calls(worker, prompts, update_batch, args.top)
+    gen_s, update_s, tokens = steps["gen_s"], steps["update_s"], steps["tokens"]
     rate = common.matmul_flops_per_second()
     num_tokens = statistics.median(tokens)
     result: dict[str, Any] = {
