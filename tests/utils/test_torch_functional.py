@@ -134,7 +134,7 @@ def test_response_log_probs_chunk_the_backward_over_rows(monkeypatch):
     labels = torch.randint(0, 11, (3, 2), generator=gen)
     tf.response_log_probs(logits, labels, 3).sum().backward()
     whole, logits.grad = logits.grad, None
-    monkeypatch.setattr(tf, "_BACKWARD_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(tf, "_CHUNK_ELEMENTS", 1)
     tf.response_log_probs(logits, labels, 3).sum().backward()
     torch.testing.assert_close(logits.grad, whole, atol=1e-7, rtol=0)
     with pytest.raises(ValueError, match="outside logits"):

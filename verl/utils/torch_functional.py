@@ -107,8 +107,8 @@ def log_prob_temperature(temperature: float) -> float:
     return 1.0 if temperature == 0 else float(temperature)
 
 
-# fp32 elements of one chunk of the response log-probs' backward pass (64 MiB)
-_BACKWARD_CHUNK_ELEMENTS = 2**24
+# fp32 elements of one chunk of the response log-probs' forward and backward passes (64 MiB)
+_CHUNK_ELEMENTS = 2**24
 
 
 class _ResponseLogProbs(torch.autograd.Function):
@@ -131,22 +131,21 @@ class _ResponseLogProbs(torch.autograd.Function):
         z = logits[:, start : start + response]
         picked = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1).float()
         # a few batch rows at a time, on the strided slice itself: its fp32 (and tempered) copy is one chunk's
-        rows = max(1, _BACKWARD_CHUNK_ELEMENTS // max(1, response * logits.shape[-1]))
+        rows = max(1, _CHUNK_ELEMENTS // max(1, response * logits.shape[-1]))
         log_z = torch.cat([_tempered(chunk, temperature).logsumexp(dim=-1) for chunk in z.split(rows)])
         ctx.save_for_backward(logits, labels, log_z)
-        ctx.start, ctx.temperature = start, temperature
+        ctx.start, ctx.temperature, ctx.rows = start, temperature, rows
         return picked / temperature - log_z
 
     @staticmethod
     def backward(ctx, grad):
         logits, labels, log_z = ctx.saved_tensors
-        start, temperature = ctx.start, ctx.temperature
+        start, temperature, rows = ctx.start, ctx.temperature, ctx.rows
         batch, response = labels.shape
         grad_logits = torch.empty_like(logits)
         grad_logits[:, :start].zero_()
         grad_logits[:, start + response :].zero_()
         scale = grad.float() / temperature  # (B, R): d loss / d z_j = scale * ([j = label] - p_j)
-        rows = max(1, _BACKWARD_CHUNK_ELEMENTS // max(1, response * logits.shape[-1]))
         for first in range(0, batch, rows):
             part = slice(first, first + rows)
             z = _tempered(logits[part, start : start + response], temperature)

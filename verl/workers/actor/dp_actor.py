@@ -70,33 +70,22 @@ class DataParallelPPOActor(BasePPOActor):
         if config.use_fused_kernels:
             _hidden_state_module(actor_module).register_forward_hook(self._fused_head_hook)
 
-    def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    def forward_logits(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0) -> torch.Tensor:
         kwargs = {"use_cache": False} if isinstance(self.actor_module, PreTrainedModel) else {}
         if self.use_remove_padding:
             return forward_packed(self._call_module, input_ids, attention_mask, position_ids, **kwargs)
+        # a Hugging Face model projects only the last logits_to_keep positions onto the vocabulary (0: all); the
+        # compiled call takes them all (its graph would specialise on the count)
+        if logits_to_keep and kwargs and not self.config.use_torch_compile:
+            kwargs["logits_to_keep"] = logits_to_keep
         output = self._call_module(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
         )
         return getattr(output, "logits", output)
 
     def forward_response_logits(self, input_ids, attention_mask, position_ids, response_length):
-        # A Hugging Face model projects only the last R + 1 positions onto the vocabulary (logits_to_keep): the
-        # prompt's logits are never read. Packed rows (use_remove_padding) and the compiled call (whose graph would
-        # specialise on the count) take the whole sequence.
-        if (
-            self.use_remove_padding
-            or self.config.use_torch_compile
-            or not isinstance(self.actor_module, PreTrainedModel)
-        ):
-            return self.forward_logits(input_ids, attention_mask, position_ids)
-        output = self.actor_module(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=response_length + 1,
-        )
-        return output.logits
+        # the prompt's logits are never read (packed rows, use_remove_padding, still take the whole sequence)
+        return self.forward_logits(input_ids, attention_mask, position_ids, logits_to_keep=response_length + 1)
 
     def forward_response_log_probs(
         self, input_ids, attention_mask, position_ids, response_length, temperature, calculate_entropy

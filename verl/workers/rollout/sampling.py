@@ -18,8 +18,6 @@ __all__ = ["apply_top_k", "apply_top_p", "draw_categorical", "sample_next_token"
 
 # Rows of a draw's cumulative sum are cut into blocks of this many tokens (see draw_categorical).
 DRAW_BLOCK = 1024
-# Below this, a drawn token's log-probability is taken by log_softmax rather than from its float32 probability.
-TINY_PROBABILITY = 1e-30
 
 
 def apply_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -111,10 +109,10 @@ def sample_with_log_probs(
 
     Without top-k or top-p filtering (verl's rollout default) the draw and the log-probability share one softmax
     of z = logits / temperature: the token is drawn from it (:func:`draw_categorical`, one random number per row)
-    and its log-probability is the log of its softmax entry, which is log_softmax(z)[token] (a drawn token's
-    probability is far above float32's underflow; a row where it is not, if any, takes log_softmax itself). Greedy
-    decoding and filtered sampling take the two functions one after the other (their log-probs are of the
-    unfiltered distribution, see :func:`sampled_token_log_probs`).
+    and its log-probability is the log of its softmax entry, which is log_softmax(z)[token]. A drawn token's entry
+    is never 0 (zero weights are never drawn), so its log is finite. Greedy decoding and filtered sampling take the
+    two functions one after the other (their log-probs are of the unfiltered distribution, see
+    :func:`sampled_token_log_probs`). Nothing here waits on the device.
 
     Args:
         logits: (B, V) last-position logits, any float dtype.
@@ -134,13 +132,7 @@ def sample_with_log_probs(
         scaled = scaled / params.temperature
     probs = torch.softmax(scaled, dim=-1)
     tokens = draw_categorical(probs, generator)
-    chosen = probs.gather(-1, tokens[:, None]).squeeze(-1)
-    log_probs = chosen.log()
-    tiny = chosen < TINY_PROBABILITY
-    if bool(tiny.any()):
-        exact = torch.log_softmax(scaled[tiny], dim=-1).gather(-1, tokens[tiny, None]).squeeze(-1)
-        log_probs = log_probs.masked_scatter(tiny, exact)
-    return tokens, log_probs
+    return tokens, probs.gather(-1, tokens[:, None]).squeeze(-1).log()
 
 
 def draw_categorical(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -169,28 +161,20 @@ def draw_categorical(weights: torch.Tensor, generator: torch.Generator | None = 
         block_sums = torch.cat([block_sums, weights[:, num_full * block :].sum(-1, keepdim=True)], dim=-1)
     running = block_sums.cumsum(-1)
     target = torch.rand(rows, 1, generator=generator, device=weights.device) * running[:, -1:]
-    # the block where the running sum first exceeds the target; then the remaining target inside it
-    chosen_block = torch.searchsorted(running, target, right=True).clamp_max(running.shape[-1] - 1)
+    # The block where the running sum first exceeds the target, then the token inside it. Rounding can put the target
+    # at or past the end of a running sum; the draw then stays on the last block (and inside a block, the last
+    # token) of positive weight, so that a zero weight (a filtered token) is never drawn.
+    chosen_block = torch.minimum(torch.searchsorted(running, target, right=True), _last_positive(block_sums))
     before = (running.gather(-1, chosen_block) - block_sums.gather(-1, chosen_block)).squeeze(-1)
     offsets = torch.arange(block, device=weights.device)
     columns = (chosen_block * block + offsets).clamp_max(vocab - 1)  # the last block may be shorter
     inside = weights.gather(-1, columns) * (chosen_block * block + offsets < vocab)
-    inside_running = inside.cumsum(-1)
     remaining = (target.squeeze(-1) - before).clamp_min(0)[:, None]
-    position = torch.searchsorted(inside_running, remaining, right=True).clamp_max(block - 1)
-    index = columns.gather(-1, position)
-    # Rounding can put the target on or past a block's end; then the draw takes the last token of positive weight
-    # at or before that point, so that a zero weight (a filtered token) is never drawn.
-    drawn = weights.gather(-1, index)
-    if bool((drawn <= 0).any()):
-        index = _last_positive_at_or_before(weights, index, drawn)
-    return index.squeeze(-1)
+    position = torch.minimum(torch.searchsorted(inside.cumsum(-1), remaining, right=True), _last_positive(inside))
+    return columns.gather(-1, position).squeeze(-1)
 
 
-def _last_positive_at_or_before(weights: torch.Tensor, index: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
-    """For rows whose drawn weight is zero: the nearest index at or before it with a positive weight (else the
-    row's argmax)."""
-    positions = torch.arange(weights.shape[-1], device=weights.device)
-    candidates = torch.where((weights > 0) & (positions <= index), positions, -1).amax(-1, keepdim=True)
-    fallback = torch.where(candidates >= 0, candidates, weights.argmax(-1, keepdim=True))
-    return torch.where(drawn > 0, index, fallback)
+def _last_positive(values: torch.Tensor) -> torch.Tensor:
+    """(B, 1): the index of each row's last positive entry of ``values`` (B, N)."""
+    positions = torch.arange(values.shape[-1], device=values.device)
+    return torch.where(values > 0, positions, 0).amax(-1, keepdim=True)
