@@ -21,7 +21,7 @@ def _init(rank: int, world_size: int, port: int, tp: int) -> None:
     ensure_model_parallel_initialized(tp=tp, pp=1)
 
 
-def _actor(tp: int, rank: int, hf_model, **overrides):
+def _actor(tp: int, rank: int, hf_model, lora=None, **overrides):
     from tests.workers.actor.conftest import actor_config
     from verl.workers.actor.megatron_builder import build_megatron_actor
 
@@ -35,7 +35,66 @@ def _actor(tp: int, rank: int, hf_model, **overrides):
         hf_state_dict=hf_model.state_dict(),
         rank=rank,
         process_group=dist.group.WORLD,
+        lora=lora,
     )
+
+
+def lora_settings():
+    """verl's megatron LoRA keys, B drawn non-zero so that the first update moves A and B alike."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        rank=4,
+        alpha=8,
+        target_modules=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+        exclude_modules=[],
+        dropout=0.0,
+        dropout_position="pre",
+        lora_A_init_method="kaiming",
+        lora_B_init_method="normal",
+    )
+
+
+def lora_update(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
+    """LoRA on the megatron actor: log-probs, one update, its grad norm, the merged weights, the adapters-off
+    log-probs after the update; then a checkpoint round trip (shards with adapters, merged Hugging Face export)."""
+    result, error = {}, None
+    try:
+        _init(rank, world_size, port, tp)
+        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+        from verl.utils.checkpoint import load_weights
+
+        hf_model = tiny_qwen2(seed=0)
+        actor = _actor(tp, rank, hf_model, lora=lora_settings())
+        batch = ppo_batch(seed=0)
+        log_probs, _ = actor.compute_log_prob(batch)
+        with actor.adapters_off()():
+            base, _ = actor.compute_log_prob(batch)
+        batch.batch["old_log_probs"] = log_probs
+        metrics = actor.update_policy(batch)
+        with actor.adapters_off()():
+            base_after, _ = actor.compute_log_prob(batch)
+        result = {
+            "log_probs": log_probs.numpy().tobytes(),
+            "base_moved": float((base_after - base).abs().max()),
+            "grad_norm": metrics["actor/grad_norm"],
+            "weights": _hf_bytes(actor, hf_model.config),
+            "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
+        }
+        if ckpt_dir:
+            actor.save_checkpoint(ckpt_dir)
+            dist.barrier()
+            fresh = _actor(tp, rank, hf_model, lora=lora_settings())
+            fresh.load_checkpoint(ckpt_dir)
+            result["after_resume"] = fresh.compute_log_prob(batch)[0].numpy().tobytes()
+            if rank == 0:
+                exported = load_weights(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
+                result["exported"] = {k: v.float().numpy().tobytes() for k, v in exported.items()}
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _hf_bytes(actor, hf_config) -> dict[str, bytes]:

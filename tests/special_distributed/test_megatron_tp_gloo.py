@@ -14,7 +14,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.special_distributed.megatron_tp_workers import fused_update, nan_on_one_rank, update_and_checkpoint
+from tests.special_distributed.megatron_tp_workers import (
+    fused_update,
+    lora_update,
+    nan_on_one_rank,
+    update_and_checkpoint,
+)
 from tests.tolerances import decoder_reduction_length, reordering_tolerance
 from tests.workers.actor.conftest import PROMPT, RESPONSE, tiny_qwen2
 
@@ -134,3 +139,30 @@ def test_tp2_fused_kernels_equal_the_plain_tp1_run(runs):
     for name, data in whole["weights"].items():
         atol = 1e-2 if name.endswith("k_proj.bias") else 1e-5  # see test_tp2_update_equals_tp1_update
         torch.testing.assert_close(as_tensor(fused[1]["weights"][name]), as_tensor(data), atol=atol, rtol=0, msg=name)
+
+
+def test_tp2_lora_equals_tp1_lora(tmp_path):
+    # LoRA adapters split as their layers are (verl.models.mcore.lora): the same log-probs, update, grad norm and
+    # merged weights as the whole model's adapters; the base model (the reference) never moves
+    whole = run_ranks(lora_update, 1, 1, "")[0][0]
+    split = {rank: report[0] for rank, report in run_ranks(lora_update, 2, 2, str(tmp_path)).items()}
+    want = as_tensor(whole["log_probs"])
+    for rank in (0, 1):
+        torch.testing.assert_close(as_tensor(split[rank]["log_probs"]), want, atol=tolerance(want), rtol=0)
+        assert split[rank]["base_moved"] == 0.0
+    assert whole["base_moved"] == 0.0
+    assert split[0]["grad_norm"] == split[1]["grad_norm"]
+    assert split[0]["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+    # merged weights W + (alpha / r) B A under Hugging Face names; Adam moves A and B by about lr = 1e-2 each
+    assert set(split[0]["weights"]) == set(whole["weights"])
+    for name, data in whole["weights"].items():
+        torch.testing.assert_close(as_tensor(split[0]["weights"][name]), as_tensor(data), atol=1e-5, rtol=0, msg=name)
+    want = as_tensor(whole["after"])
+    assert not torch.equal(want, as_tensor(whole["log_probs"]))
+    torch.testing.assert_close(as_tensor(split[0]["after"]), want, atol=tolerance(want), rtol=0)
+    for rank in (0, 1):
+        assert split[rank]["after_resume"] == split[rank]["after"]  # the adapters come back from the shards
+    exported = split[0]["exported"]  # the checkpoint's Hugging Face export holds the merged weights
+    assert set(exported) == set(split[0]["weights"])
+    for name, data in split[0]["weights"].items():
+        assert exported[name] == data, name

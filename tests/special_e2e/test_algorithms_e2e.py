@@ -1,5 +1,6 @@
 """End-to-end runs of ``python -m verl.trainer.main_ppo`` with verl's algorithm keys, on the embedded task."""
 
+import json
 import sys
 
 import pytest
@@ -87,3 +88,25 @@ def test_dapo_example_drops_uniform_groups_and_its_reward_rises(tmp_path):
     # the reward rises: the mean training score of the last 10 steps clearly above that of the first 10
     first, last = (sum(r["critic/score/mean"] for r in part) / 10 for part in (records[:10], records[-10:]))
     assert last > first + 0.1, (first, last)
+
+
+def test_a_torch_profile_of_step_2_labels_every_actor_pass(tmp_path):
+    # verl's profiling keys with the torch tool (CPU): the actor worker writes one Chrome trace for step 2, and
+    # the driver names it; step 1 is not profiled
+    save_path = tmp_path / "profile"
+    proc, _ = run_main(
+        tmp_path,
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=-1",
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[2]",
+        f"global_profiler.save_path={save_path}",
+        "actor_rollout_ref.actor.profiler.enable=true",
+        "actor_rollout_ref.actor.profiler.all_ranks=true",
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trace = save_path / "actor_rollout_ref_rank0_step2.json"
+    assert sorted(p.name for p in save_path.iterdir()) == [trace.name]
+    assert f"profile of step 2: {trace}" in proc.stderr
+    names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
+    assert {"gen", "update_actor"} <= names

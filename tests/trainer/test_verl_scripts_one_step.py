@@ -1,12 +1,13 @@
-"""One training step of ten of verl's example scripts, on the tiny model and the embedded task (issue 27).
+"""One training step of twelve of verl's example scripts, on the tiny model and the embedded task (issue 27).
 
 Each script's stored command line is normalised as the start-up test does (model path, data files, hardware sizes;
 see ``tests/trainer/verl_scripts/harness.py``), then shrunk to a step a 2-core CPU runs in seconds: 8 prompts of at
 most 64 tokens, responses of at most 8, the micro-batch sizes that divide that, one step, no validation, no
 checkpoint, the console logger (verl's scripts log to W&B), vLLM's KV cache at 2% of the RAM. Everything else is
 the script's own: its algorithm, backend, rollout engine, reward model, LoRA, KL and entropy settings, dynamic
-batch sizes and fused kernels. The ten cover GRPO and PPO, fsdp and megatron, a model reward (the legacy worker and
-verl's reward loop) and LoRA.
+batch sizes and fused kernels. The twelve cover GRPO and PPO, fsdp and megatron, a model reward (the legacy worker
+and verl's reward loop), LoRA on fsdp and on megatron, and verl's options for mixture-of-experts models and DAPO's
+reward keyword arguments on a dense model.
 """
 
 import json
@@ -28,6 +29,8 @@ ONE_STEP = {
     "examples/grpo_trainer/run_deepseek7b_llm_seq_balance.sh": "GRPO, fsdp, dynamic batch sizes",
     "examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh": "GRPO, fsdp, LoRA rank 64, vLLM",
     "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh": "GRPO, megatron, fused kernels",
+    "examples/grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": "GRPO, megatron, LoRA, activation recomputation",
+    "examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": "GRPO, megatron, DAPO reward_kwargs, MoE options",
     "examples/grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": "GRPO, megatron, its own rollout TP",
     "examples/ppo_trainer/run_gemma.sh": "PPO with a critic, fsdp",
     "examples/ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": "PPO with a critic, megatron",
@@ -94,5 +97,7 @@ def test_one_step_of_a_verl_script(tmp_path, inputs, path):
     steps = [r for r in rows if "critic/score/mean" in r]
     assert [r["step"] for r in steps] == [1]
     assert "actor/pg_loss" in steps[0]
+    if "actor_rollout_ref.model.lora.rank" in _override_keys(script.overrides):  # verl's megatron form of LoRA
+        assert "MegatronPPOActor" in proc.stderr and "LoRA rank 32 on 8 layers" in proc.stderr
     if "critic.optim.lr" in _override_keys(script.overrides):  # a PPO script: its critic trained too
         assert "critic/vf_loss" in steps[0]

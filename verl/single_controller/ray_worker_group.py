@@ -80,6 +80,8 @@ class RayWorkerGroup:
             default: class name plus a random suffix.
         collective_timeout_s: timeout of the workers' ``torch.distributed`` collectives
             (``VERL_COLLECTIVE_TIMEOUT_S``); None keeps the worker's default.
+        runtime_env: Ray runtime environment of every worker (e.g. ``{"nsight": {...}}`` to run them under Nsight
+            Systems); the group's own ``env_vars`` are added to it.
 
     Raises:
         ValueError: when a registered method name collides with the group's own attributes.
@@ -93,6 +95,7 @@ class RayWorkerGroup:
         ray_cls_with_init: RayClassWithInitArgs,
         name_prefix: str | None = None,
         collective_timeout_s: float | None = None,
+        runtime_env: dict[str, Any] | None = None,
     ) -> None:
         if not issubclass(ray_cls_with_init.cls, Worker):
             raise ValueError(
@@ -103,6 +106,7 @@ class RayWorkerGroup:
         self._cls = ray_cls_with_init.cls
         self.name_prefix = name_prefix or f"{self._cls.__name__}_{uuid.uuid4().hex[:6]}"
         self._collective_timeout_s = collective_timeout_s
+        self._runtime_env = dict(runtime_env or {})
         self._holds_pool = False
         self._workers: list = []
         self._placement: list[dict] = []  # per rank: node_id, node_ip, pid, ... as the worker reported them
@@ -156,7 +160,7 @@ class RayWorkerGroup:
             rank_options = dict(
                 options,
                 name=f"{self.name_prefix}_{slot.rank}",
-                runtime_env={"env_vars": env},
+                runtime_env={**self._runtime_env, "env_vars": {**self._runtime_env.get("env_vars", {}), **env}},
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     slot.placement_group, placement_group_bundle_index=slot.bundle_index
                 ),

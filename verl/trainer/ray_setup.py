@@ -118,6 +118,7 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
         RayResourcePool,
         RayWorkerGroup,
     )
+    from verl.utils.profiler import worker_runtime_env
 
     trainer = config.trainer
     use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
@@ -135,12 +136,17 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     )
     started = []
 
+    profiled = config.profiler_sections()
+
     def start(worker_cls, name_prefix: str, collective_timeout_s: float, worker_pool=pool):
+        enabled = any(section.enable for _, section in profiled.get(name_prefix, []))
         group = RayWorkerGroup(
             worker_pool,
             RayClassWithInitArgs(worker_cls, config, num_steps),
             name_prefix=name_prefix,
             collective_timeout_s=collective_timeout_s,
+            # tool nsys: the profiled groups' workers run under Nsight Systems
+            runtime_env=worker_runtime_env(config.global_profiler) if enabled else None,
         )
         started.append(group)
         for line in group.init_model():

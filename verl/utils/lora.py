@@ -180,22 +180,24 @@ class AdaptersOffReference:
     """The reference policy of a LoRA run: the actor's own model with its adapters switched off.
 
     The base weights are frozen and never change, so the base model *is* the reference policy; running the actor's
-    log-prob pass inside :meth:`peft.PeftModel.disable_adapter` gives it without a second copy of the weights (and,
+    log-prob pass with its adapters off (:meth:`peft.PeftModel.disable_adapter`, or the megatron adapters' own
+    switch, :func:`verl.models.mcore.lora.adapters_disabled`) gives it without a second copy of the weights (and,
     under FSDP2, with the same collectives every rank runs). Only :meth:`compute_log_prob` is offered: the reference
     is never trained, checkpointed or sampled from.
 
     Args:
-        actor: the trained actor (its ``peft_model`` set by the worker).
+        actor: the trained actor; its ``adapters_off()`` gives the switch.
     """
 
     def __init__(self, actor: Any):
-        assert actor.peft_model is not None, "the reference without adapters needs a LoRA actor"
+        self.switch = actor.adapters_off()
+        assert self.switch is not None, "the reference without adapters needs a LoRA actor"
         self.actor = actor
 
     def compute_log_prob(self, data: Any, micro_batching: Any = None, calculate_entropy: bool = False):
         """As the actor's ``compute_log_prob`` (log-probs (B, R), entropy or None), with the adapters off."""
         trainable = [p for p in self.actor.model_module().parameters() if p.requires_grad]
-        with self.actor.peft_model.disable_adapter():
+        with self.switch():
             # peft's switch also marks the adapters frozen; they stay trainable here (the pass runs without
             # gradients, and a switched-off adapter is skipped whatever the flag says), because FSDP2 fixes each
             # unit's gradient dtypes at its first forward from the parameters that require gradients then: a first

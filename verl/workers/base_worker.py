@@ -87,13 +87,37 @@ def _process_group():
 class _ModelWorker(Worker):
     """What both workers share: the config, the step count, checkpoint plumbing (rank 0 writes the model)."""
 
+    #: the worker group's role name, as ``PPOConfig.profiler_sections`` names it
+    ROLE = ""
+
     def __init__(self, config: PPOConfig, total_training_steps: int):
         super().__init__()
         self.config = config
         self.total_training_steps = total_training_steps
+        self._role_profiler = None
 
     def _trained(self):
         raise NotImplementedError
+
+    @property
+    def profiler(self):
+        """This rank's :class:`~verl.utils.profiler.RoleProfiler` (inactive unless its role's sections ask)."""
+        if self._role_profiler is None:
+            from verl.utils.profiler import RoleProfiler
+
+            sections = [section for _, section in self.config.profiler_sections().get(self.ROLE, [])]
+            self._role_profiler = RoleProfiler(self.ROLE, sections, self.config.global_profiler, self.rank)
+        return self._role_profiler
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, step: int) -> None:
+        """Open the profiling window that starts at training step ``step`` (global_profiler.steps)."""
+        self.profiler.start(step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> list[str]:
+        """Close the profiling window; returns the files this rank wrote."""
+        return self.profiler.stop()
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         """(this rank's data-parallel rank, whether it returns its group's results); called by the driver after
@@ -167,6 +191,8 @@ class ActorRolloutRefWorker(_ModelWorker):
         total_training_steps: the run's step count (sizes the LR schedule).
     """
 
+    ROLE = "actor_rollout_ref"
+
     def __init__(self, config: PPOConfig, total_training_steps: int):
         super().__init__(config, total_training_steps)
         self.actor: BasePPOActor | None = None
@@ -225,7 +251,7 @@ class ActorRolloutRefWorker(_ModelWorker):
     def _build_reference(self, actor_config: ActorConfig, device: str):
         """The frozen reference policy: a LoRA actor's own model with its adapters off (no second copy, see
         :class:`~verl.utils.lora.AdaptersOffReference`), else a frozen copy built by the backend."""
-        if getattr(self.actor, "peft_model", None) is not None:
+        if self.actor.adapters_off() is not None:
             from verl.utils.lora import AdaptersOffReference
 
             return AdaptersOffReference(self.actor)
@@ -271,7 +297,7 @@ class ActorRolloutRefWorker(_ModelWorker):
         """The rollout's output, tagged with the temperature it sampled at: the prompts' per-call override (as
         validation's ``val_kwargs``), else the configured one."""
         self.actor.model_module().eval()
-        with torch.no_grad():
+        with torch.no_grad(), self.profiler.phase("gen"):
             output = self.rollout.generate_sequences(prompts.to(self._device()))
         self.actor.model_module().train()
         output.meta_info["temperature"] = prompts.meta_info.get(
@@ -283,13 +309,15 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
         batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
-        return self.actor.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
+        with self.profiler.phase("old_log_prob"):
+            return self.actor.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
         batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
-        return self.ref.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
+        with self.profiler.phase("ref"):
+            return self.ref.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -352,7 +380,8 @@ class ActorRolloutRefWorker(_ModelWorker):
             when the rollout holds its own weights; and ``perf/cpu_peak_rss_gb``, this worker process's peak resident
             memory so far (GiB, Linux ``ru_maxrss``; the driver averages it over ranks).
         """
-        metrics = self.actor.update_policy(self._at_rollout_temperature(data.to(self._device())))
+        with self.profiler.phase("update_actor"):
+            metrics = self.actor.update_policy(self._at_rollout_temperature(data.to(self._device())))
         metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self._rollout_holds_weights():
             seconds = 0.0
@@ -438,6 +467,8 @@ class CriticWorker(_ModelWorker):
     next to the actor.
     """
 
+    ROLE = "critic"
+
     def __init__(self, config: PPOConfig, total_training_steps: int):
         super().__init__(config, total_training_steps)
         self.critic = None
@@ -459,9 +490,11 @@ class CriticWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
-        values = self.critic.compute_values(data.to(self._device()))
+        with self.profiler.phase("values"):
+            values = self.critic.compute_values(data.to(self._device()))
         return DataProto.from_dict(tensors={"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> dict[str, float]:
-        return self.critic.update_critic(data.to(self._device()))
+        with self.profiler.phase("update_critic"):
+            return self.critic.update_critic(data.to(self._device()))

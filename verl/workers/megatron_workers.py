@@ -125,6 +125,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             trainable=trainable,
             rank=self.rank,
             process_group=_process_group(),
+            lora=model_config.lora,
         )
 
     def _iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -50,6 +50,8 @@ _HARDWARE = {"trainer.nnodes": "1", "trainer.n_gpus_per_node": str(N_GPUS_PER_NO
 # A LoRA rank must fit the model: the scripts' model's narrowest projection (k_proj, 64 -> 32) takes rank 32 at most,
 # where the scripts' 7B models take their rank 64.
 MAX_LORA_RANK = 32
+# verl's dp/fsdp form and its megatron form of the rank.
+_LORA_RANK_KEYS = ("actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora.rank")
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
             value = _HARDWARE[bare]
         elif eq and last in _PARALLEL_SIZES:
             value = _PARALLEL_SIZES[last]
-        elif eq and bare == "actor_rollout_ref.model.lora_rank" and value.isdigit():
+        elif eq and bare in _LORA_RANK_KEYS and value.isdigit():
             value = str(min(int(value), MAX_LORA_RANK))
         seen.add(bare)
         out.append(f"{key}{eq}{value}" if eq else override)

@@ -1,4 +1,5 @@
-"""Which of verl's example scripts start here: ``python -m tests.trainer.verl_scripts.report [--out FILE]``.
+"""Which of verl's example scripts start here: ``python -m tests.trainer.verl_scripts.report [--out FILE]
+[--device cuda]``.
 
 Prints one line per script (``OK``, or the first line of the start-up error) and a summary: how many start, and
 how many stop at each blocker (the key the error names, with the role prefix collapsed, e.g.
@@ -38,13 +39,14 @@ def blocker(message: str) -> str:
     return _ROLE_PREFIX.sub(lambda m: "*." if m.group(1).startswith("actor_rollout_ref") else m.group(0), key)
 
 
-def check_all(data_dir: Path) -> list[tuple[str, str | None]]:
-    """(script name, None when it starts or the first line of its error) for every stored script."""
+def check_all(data_dir: Path, extra: tuple[str, ...] = ()) -> list[tuple[str, str | None]]:
+    """(script name, None when it starts or the first line of its error) for every stored script, with ``extra``
+    overrides after the script's own."""
     inputs = write_inputs(data_dir)
     results = []
     for script in load_scripts():
         try:
-            start_up_check(script, inputs)
+            start_up_check(script, inputs, extra)
             results.append((script.name, None))
         except Exception as err:  # the report lists whatever stops a script, a bug included
             results.append((script.name, first_line(err)))
@@ -65,10 +67,17 @@ def format_report(results: list[tuple[str, str | None]]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="also write the report to this file")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="validate with trainer.device set to this (cuda: the checks a GPU machine runs; nothing starts on it)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
+    extra = () if args.device is None else (f"trainer.device={args.device}",)
     with tempfile.TemporaryDirectory(prefix="verl_scripts_data_") as tmp:
-        lines = format_report(check_all(Path(tmp)))
+        lines = format_report(check_all(Path(tmp), extra))
     text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.out is not None:

@@ -27,8 +27,26 @@ def test_override_transformer_config_reaches_megatron_core():
 
 
 def test_a_cuda_only_override_is_refused_when_the_model_is_built_on_cpu():
-    with pytest.raises(ValueError, match=r"override_transformer_config.recompute_granularity='full' .*CUDA only"):
-        build({"override_transformer_config": {"recompute_granularity": "full"}})
+    with pytest.raises(
+        ValueError, match=r"recompute_granularity='selective' recomputes single modules .*On CPU use 'full'"
+    ):
+        build({"override_transformer_config": {"recompute_granularity": "selective"}})
+
+
+def test_full_recomputation_trains_on_cpu_as_the_stored_run_does():
+    # verl's megatron scripts: recompute_granularity=full, method uniform, 1 layer; on CPU by torch's checkpoint
+    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    plain, _ = build({})
+    recomputed, _ = build({"override_transformer_config": recompute})
+    results = []
+    for actor in (plain, recomputed):
+        batch = ppo_batch()
+        batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+        metrics = actor.update_policy(batch)
+        results.append((metrics["actor/grad_norm"], actor.compute_log_prob(batch)[0]))
+    # the backward runs each layer's forward again: the same operations, the same numbers
+    assert results[1][0] == results[0][0]
+    assert torch.equal(results[1][1], results[0][1])
 
 
 def test_offloaded_actor_computes_the_same_log_probs_between_phases():

@@ -213,3 +213,46 @@ def test_dapo_settings_build():
     )
     assert cfg.algorithm.filter_groups.metric == "acc" and cfg.reward_model.overlong_buffer.len == 2
     assert (cfg.actor_rollout_ref.actor.clip_ratio_low, cfg.actor_rollout_ref.actor.clip_ratio_high) == (0.2, 0.28)
+
+
+def test_verl_reward_kwargs_reach_the_dapo_manager():
+    # verl's DAPO scripts: +reward_model.reward_kwargs.overlong_buffer_cfg.* and .max_resp_len, given to the manager
+    from verl.trainer.data_setup import build_reward_fn
+
+    cfg = compose_ppo_config(
+        [
+            "reward_model.reward_manager=dapo",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+            "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=0.5",
+            "+reward_model.reward_kwargs.max_resp_len=6",
+        ]
+    )
+    manager = build_reward_fn(cfg, tokenizer=None)
+    assert manager.max_resp_len == 6  # not data.max_response_length (8)
+    assert manager.overlong_buffer_cfg == {"enable": True, "len": 2, "penalty_factor": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (
+            ["+reward_model.reward_kwargs.max_resp_len=6"],
+            r"reward_model.reward_kwargs.max_resp_len is not a keyword argument of the 'naive' reward manager .* "
+            r"it takes \['num_examine', 'reward_fn_key'\]",
+        ),
+        (
+            [
+                "reward_model.reward_manager=dapo",
+                "reward_model.overlong_buffer.enable=true",
+                "reward_model.overlong_buffer.len=2",
+                "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+            ],
+            r"reward_kwargs.overlong_buffer_cfg and reward_model.overlong_buffer.enable=true both set",
+        ),
+        (["reward_model.reward_kwargs=3"], r"reward_kwargs must be a mapping"),
+    ],
+)
+def test_bad_reward_kwargs_fail_at_start_up(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        compose_ppo_config(overrides)

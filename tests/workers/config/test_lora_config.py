@@ -18,7 +18,7 @@ def test_lora_rank_0_is_the_default_and_8_is_accepted():
         # the tiny model's k_proj is 64 -> 32 (2 kv heads of 16), so rank 64 is wider than it
         (["actor_rollout_ref.model.lora_rank=64"], r"lora_rank=64 is larger than the width of .*k_proj"),
         ([LORA, "actor_rollout_ref.model.target_modules=[nothing]"], r"model.target_modules=.*selects no linear"),
-        ([LORA, "actor_rollout_ref.actor.strategy=megatron"], "LoRA is not supported on the megatron backend yet"),
+        ([LORA, "actor_rollout_ref.actor.strategy=megatron"], r"lora_rank=8 is the dp/fsdp form .* set .*lora.rank"),
         (["actor_rollout_ref.model.lora.rank=8"], r"model.lora.rank=8 is verl's megatron form"),
         (["actor_rollout_ref.model.lora_adapter_path=/tmp"], "not a peft adapter directory"),
         ([LORA, "actor_rollout_ref.model.lora_adapter_path=/nonexistent"], "not a peft adapter directory"),
@@ -34,10 +34,45 @@ def test_an_adapter_path_alone_turns_lora_on_with_the_adapters_own_rank(tmp_path
     (tmp_path / "adapter_config.json").write_text("{}")
     config = compose_ppo_config([f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"])
     assert config.actor_rollout_ref.model.lora_rank == 0 and config.actor_rollout_ref.model.uses_lora
-    with pytest.raises(ValueError, match="lora_adapter_path=.*LoRA is not supported on the megatron backend"):
+    with pytest.raises(ValueError, match="lora_adapter_path=.* is the dp/fsdp form of LoRA"):
         compose_ppo_config(
             [f"actor_rollout_ref.model.lora_adapter_path={tmp_path}", "actor_rollout_ref.actor.strategy=megatron"]
         )
+
+
+MEGATRON = ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu"]
+M_LORA = "actor_rollout_ref.model.lora"
+
+
+def test_verl_megatron_lora_lines_start():
+    # run_qwen2-7b_math_megatron_lora.sh's LoRA keys, the rank cut to what the tiny model takes
+    config = compose_ppo_config(
+        [*MEGATRON, f"{M_LORA}.rank=16", f"{M_LORA}.alpha=32", f"{M_LORA}.lora_A_init_method=kaiming"]
+    )
+    lora = config.actor_rollout_ref.model.lora
+    assert (lora.rank, lora.alpha, lora.lora_A_init_method) == (16, 32, "kaiming")
+    assert list(lora.target_modules) == ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        # the tiny model: hidden 64, 4 heads of 16 (qkv 64 -> 128), intermediate 128: every layer takes rank 64
+        ([f"{M_LORA}.rank=65"], r"lora.rank=65 is wider than linear_qkv takes \(64"),
+        ([f"{M_LORA}.rank=8", f"{M_LORA}.type=dora"], r"lora.type='dora': weight-decomposed adapters"),
+        ([f"{M_LORA}.rank=8", f"{M_LORA}.target_modules=[q_proj]"], r"target_modules=\['q_proj'\]: take megatron"),
+        ([f"{M_LORA}.rank=8", f"{M_LORA}.lora_A_init_method=orthogonal"], r"lora_A_init_method"),
+        ([f"{M_LORA}.rank=8", f"{M_LORA}.adapter_path=/a"], r"adapter_path='/a': megatron adapters are saved"),
+        ([f"{M_LORA}.rank=8", f"{M_LORA}.freeze_language_model=false"], r"would train the base weights"),
+        (
+            [f"{M_LORA}.rank=8", "critic.strategy=megatron", "critic.model.lora_rank=8", "algorithm.adv_estimator=gae"],
+            r"critic.model.lora_rank=8: LoRA on the megatron critic is not built",
+        ),
+    ],
+)
+def test_bad_megatron_lora_settings_fail_at_start_up(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        compose_ppo_config([*MEGATRON, *overrides])
 
 
 def test_lora_with_the_vllm_rollout_is_accepted():

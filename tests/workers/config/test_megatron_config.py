@@ -105,8 +105,18 @@ def test_transformer_overrides_are_checked_against_megatron_core_fields():
         section({"override_transformer_config": {"num_layers": 3}})
     with pytest.raises(ValueError, match=r"override_transformer_config.fp16 is decided by dtype"):
         section({"override_transformer_config": {"fp16": True}})
-    with pytest.raises(ValueError, match=r"override_transformer_config.moe_router_dtype sets a mixture-of-experts"):
-        section({"override_transformer_config": {"moe_router_dtype": "fp32"}})
+    with pytest.raises(ValueError, match=r"moe_router_dtyp is not a field .* did you mean moe_router_dtype"):
+        section({"override_transformer_config": {"moe_router_dtyp": "fp32"}})
+
+
+def test_moe_options_are_accepted_and_not_passed_to_a_dense_model(caplog):
+    # verl's MoE scripts set these; the megatron backend builds dense models, where they have nothing to act on
+    # (moe_permute_fusion=True would make TransformerConfig ask for Transformer Engine even without experts)
+    options = {"moe_router_dtype": "fp32", "moe_enable_deepep": True, "moe_permute_fusion": True}
+    with caplog.at_level(logging.INFO, logger="verl.workers.config.megatron"):
+        megatron = section({"override_transformer_config": {**options, "hidden_dropout": 0.1}})
+    assert "moe_enable_deepep, moe_permute_fusion, moe_router_dtype have no effect" in caplog.text
+    assert megatron.transformer_overrides("cpu") == {"sequence_parallel": False, "hidden_dropout": 0.1}
 
 
 def test_without_megatron_core_a_dp_run_starts_and_the_megatron_strategy_is_refused(monkeypatch):
@@ -143,12 +153,8 @@ def test_transformer_overrides_reach_the_builder_with_sequence_parallel_where_it
     ("override", "message"),
     [
         (
-            f"{A}.megatron.override_transformer_config.recompute_granularity=full",
-            r"override_transformer_config.recompute_granularity='full' asks for megatron-core's activation .*CUDA only",
-        ),
-        (
-            f"+{A}.megatron.override_transformer_config.gradient_accumulation_fusion=true",
-            r"override_transformer_config.gradient_accumulation_fusion=true needs apex / Transformer Engine CUDA",
+            f"{A}.megatron.override_transformer_config.recompute_granularity=selective",
+            r"override_transformer_config.recompute_granularity='selective' recomputes single modules .*CUDA only",
         ),
         (f"{A}.megatron.use_dist_checkpointing=true", r"use_dist_checkpointing=true needs CUDA"),
         (f"{A}.megatron.use_distributed_optimizer=true", r"use_distributed_optimizer=true shards .* torch.optim"),
@@ -159,6 +165,16 @@ def test_what_needs_cuda_is_refused_on_cpu_naming_the_key(override, message):
     with pytest.raises(ValueError, match=rf"{A}.megatron.{message}"):
         compose(overrides, device="cpu")
     compose(overrides, device="cuda")  # accepted where the worker can run it (it checks again there)
+
+
+def test_kernel_fusions_on_cpu_are_logged_and_left_to_the_unfused_path(caplog):
+    fusions = {"gradient_accumulation_fusion": True, "apply_rope_fusion": True, "masked_softmax_fusion": False}
+    megatron = section({"override_transformer_config": fusions})
+    with caplog.at_level(logging.INFO, logger="verl.workers.config.megatron"):
+        megatron.check_device("cpu", f"{A}.megatron")
+    assert "gradient_accumulation_fusion=true, apply_rope_fusion=true ask for apex" in caplog.text
+    assert megatron.transformer_overrides("cpu") == {"sequence_parallel": False}
+    assert megatron.transformer_overrides("cuda") == {"sequence_parallel": False, **fusions}
 
 
 def test_offload_on_cpu_is_accepted_and_says_what_it_means(caplog):
@@ -210,8 +226,30 @@ def test_optimizer_overrides_are_checked_against_megatron_core_fields():
 
 
 def test_optimizer_overrides_on_the_cpu_adapter_or_another_strategy_are_refused():
-    line = f"+{A}.optim.override_optimizer_config.optimizer_cpu_offload=true"
-    with pytest.raises(ValueError, match=r"override_optimizer_config sets \['optimizer_cpu_offload'\]"):
+    line = f"+{A}.optim.override_optimizer_config.sgd_momentum=0.5"
+    with pytest.raises(ValueError, match=r"override_optimizer_config sets \['sgd_momentum'\]"):
         compose([line], device="cpu")
     with pytest.raises(ValueError, match=r"nothing reads it: .* apply with actor_rollout_ref.actor.strategy=megatron"):
         compose_ppo_config([line, f"{A}.strategy=fsdp"])
+
+
+def test_optimizer_options_the_cpu_adapter_already_meets_are_accepted(caplog):
+    # verl's MoE scripts: CPU offload of the optimizer (its state is in host memory on CPU) and the precision-aware
+    # optimizer with float32 states (the adapter's float32 master weights and moments)
+    key = f"{A}.optim.override_optimizer_config"
+    held = {
+        "optimizer_cpu_offload": True,
+        "optimizer_offload_fraction": 1.0,
+        "overlap_cpu_optimizer_d2h_h2d": True,
+        "use_precision_aware_optimizer": True,
+    }
+    with caplog.at_level(logging.INFO, logger="verl.workers.config.megatron"):
+        assert check_optimizer_overrides(held, key, uses_megatron_optimizer=False, device_type="cpu") == held
+    assert "already hold on the torch.optim adapter" in caplog.text
+    compose([f"+{key}.{name}={value}" for name, value in held.items()], device="cpu")
+    # offload asks for something on a GPU adapter; bf16 moments change the numbers
+    with pytest.raises(ValueError, match=r"sets \['optimizer_cpu_offload', 'optimizer_offload_fraction', 'overlap_cpu"):
+        check_optimizer_overrides(held, key, uses_megatron_optimizer=False, device_type="cuda")
+    bf16_moments = {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bfloat16"}
+    with pytest.raises(ValueError, match=r"sets \['exp_avg_dtype', 'use_precision_aware_optimizer'\]"):
+        check_optimizer_overrides(bf16_moments, key, uses_megatron_optimizer=False, device_type="cpu")

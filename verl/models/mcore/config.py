@@ -34,6 +34,9 @@ _UNFUSED = {
     "persist_layer_norm": False,
 }
 
+# How Hugging Face configs of mixture-of-experts models count their experts (Qwen2/3-MoE, Mixtral, DeepSeek).
+_EXPERT_COUNT_ATTRIBUTES = ("num_experts", "num_local_experts", "n_routed_experts")
+
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -50,6 +53,13 @@ class RopeSettings:
 def check_supported(hf_config: Any) -> str:
     """Return the config's ``model_type`` if this package can convert it, else raise ``ValueError``."""
     model_type = getattr(hf_config, "model_type", None)
+    experts = next((name for name in _EXPERT_COUNT_ATTRIBUTES if getattr(hf_config, name, None)), None)
+    if experts is not None:
+        raise ValueError(
+            f"model_type={model_type!r} is a mixture-of-experts model ({experts}={getattr(hf_config, experts)}): "
+            "MoE models are out of scope here; the megatron backend builds dense "
+            f"{' / '.join(SUPPORTED_MODEL_TYPES)} models."
+        )
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"unsupported Hugging Face architecture model_type={model_type!r} for the megatron backend; accepted: "

@@ -32,6 +32,7 @@ from verl.models.mcore.parallel import (
     ensure_model_parallel_initialized,
     set_model_parallel_seed,
 )
+from verl.models.mcore.recompute import recompute_on_cpu
 
 LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -99,6 +100,8 @@ def build_gpt_model(
         **config_overrides,
     )
     model = _construct(config, hf_config, backend)
+    if device.type != "cuda":
+        recompute_on_cpu(model)  # megatron-core's own recomputation needs the CUDA RNG
     if backend == "portable":
         _use_portable_rotary(model, hf_config)
         if getattr(model, "output_layer", None) is not None:

@@ -12,6 +12,9 @@ module names by key (``SHARD_RULES``):
   ``[gate_r; up_r]``, which is how megatron's gated-linear-unit halves its local output;
 - everything else (the RMSNorm weights) is replicated.
 
+A LoRA adapter's split part (``B`` of a column-parallel layer, ``A`` of a row-parallel one) follows its layer's rule;
+the other part is replicated.
+
 Sharding is slicing: ``shard_state_dict(full, r, tp)[k]`` is a view of ``full[k]``, and
 ``gather_state_dict`` of every rank's shards is ``full`` again. Tied embeddings need nothing more: with one
 pipeline stage the output layer reuses the embedding's (vocabulary-parallel) parameter.
@@ -45,6 +48,11 @@ SHARD_RULES: tuple[tuple[str, str], ...] = (
     (".linear_fc1.weight", "glu"),
     (".linear_proj.weight", "dim1"),
     (".linear_fc2.weight", "dim1"),
+    # LoRA adapters (verl.models.mcore.lora): the part of B A each rank holds shards like its layer's weight
+    (".linear_qkv.adapter.lora_B.weight", "dim0"),
+    (".linear_fc1.adapter.lora_B.weight", "glu"),
+    (".linear_proj.adapter.lora_A.weight", "dim1"),
+    (".linear_fc2.adapter.lora_A.weight", "dim1"),
 )
 
 

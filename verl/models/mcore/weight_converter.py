@@ -242,15 +242,17 @@ def _tensor_parallel_size(model: torch.nn.Module) -> int:
 
 
 def _full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with full tensors: its own, or the shards gathered over the tensor-parallel group
-    (a collective every rank of the group must join)."""
+    """The plain model's state dict with full tensors: its own, or the shards gathered over the tensor-parallel
+    group (a collective every rank of the group must join); LoRA adapters merged into their layers' weights."""
+    from verl.models.mcore.lora import merge_lora_state_dict
+
     tp = _tensor_parallel_size(model)
     state = _weights_only(model.state_dict())
-    if tp == 1:
-        return state
-    from megatron.core import parallel_state
+    if tp > 1:
+        from megatron.core import parallel_state
 
-    return gather_state_dict(state, parallel_state.get_tensor_model_parallel_group(), tp)
+        state = gather_state_dict(state, parallel_state.get_tensor_model_parallel_group(), tp)
+    return merge_lora_state_dict(state)
 
 
 def load_hf_weights_into_mcore(

@@ -35,6 +35,7 @@ from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_roll
 from verl.trainer.ppo.rollout_source import AsyncRollout, ColocatedRollout
 from verl.trainer.ppo.trainer_checkpoints import CheckpointMixin
 from verl.trainer.ppo.trainer_validation import ValidationMixin, decoded_samples  # noqa: F401 (re-exported)
+from verl.utils.profiler import StepSchedule
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 from verl.workers.actor.base import UPDATE_READS
@@ -199,11 +200,14 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             disable=not trainer_cfg.progress_bar,
             dynamic_ncols=True,
         )
+        profiling = StepSchedule(self.config.global_profiler)
         while self.global_step < self.total_training_steps:
             self.stop_if_asked()
             if self.stop_signals is not None:
                 self.stop_signals.step_in_progress = self.global_step + 1
+            self._profile(profiling, self.global_step + 1, start=True)
             metrics = self.train_step(self.rollout_source.next_prompts())
+            self._profile(profiling, self.global_step + 1, start=False)
             metrics["trainer/restarts"] = float(self.restarts)
             self.global_step += 1
             is_last = self.global_step == self.total_training_steps
@@ -225,6 +229,20 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             self.last_metrics = metrics
         progress.close()
         return last
+
+    def _profile(self, schedule: StepSchedule, step: int, *, start: bool) -> None:
+        """Open (before ``step``) or close (after it) a profiling window on the profiled worker groups."""
+        if not (schedule.starts_at(step) if start else schedule.stops_at(step)):
+            return
+        for group in (self.actor_wg, self.critic_wg):
+            if group is None:
+                continue
+            if start:
+                group.start_profile(step)
+            else:
+                written = [path for paths in group.stop_profile() for path in paths]
+                if written:
+                    logger.info("profile of step %d: %s", step, ", ".join(written))
 
     # ------------------------------------------------------------------ the run's summary
 

@@ -8,7 +8,9 @@ from the registry, optional entropy bonus, optional KL loss to the reference). A
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -96,6 +98,11 @@ class BasePPOActor(UpdateLoop):
             calculate_entropy: also return the entropy.
         """
         raise NotImplementedError(f"{type(self).__name__} has no fused log-prob path (model.use_fused_kernels).")
+
+    def adapters_off(self) -> Callable[[], contextlib.AbstractContextManager] | None:
+        """A switch (a context-manager factory) that runs the model without its LoRA adapters, for the reference
+        policy of a LoRA run; None when the model has none."""
+        return None
 
     def incremental_decoder(self) -> IncrementalDecoder:
         """What the in-house (``naive``) rollout samples with, in the training precision.

@@ -49,6 +49,9 @@ class DataParallelPPOActor(BasePPOActor):
     #: by the worker; checkpoints then also write the adapter directory, and the reference is the adapters off.
     peft_model = None
 
+    def adapters_off(self):
+        return None if self.peft_model is None else self.peft_model.disable_adapter
+
     def __init__(
         self,
         config: ActorConfig,

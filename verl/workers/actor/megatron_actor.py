@@ -16,6 +16,7 @@ What the two paths change in the loop (schedule, autocast, fire drill, step, los
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -85,6 +86,12 @@ class MegatronPPOActor(BasePPOActor):
         with fused_head_request(self.model, request):
             forward_logits(self.model, input_ids, attention_mask, position_ids)
         return request.result
+
+    def adapters_off(self):
+        from verl.models.mcore.lora import adapters_disabled, has_adapters
+
+        module = self.model_module()
+        return functools.partial(adapters_disabled, module) if has_adapters(module) else None
 
     def incremental_decoder(self) -> MegatronCachedDecoder:
         """megatron-core's static inference context as the key/value cache, keys in the compute dtype."""

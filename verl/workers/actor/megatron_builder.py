@@ -46,6 +46,7 @@ def build_megatron_actor(
     trainable: bool = True,
     rank: int = 0,
     process_group: Any = None,
+    lora: Any = None,
 ) -> MegatronPPOActor:
     """A ready megatron actor over a GPTModel shaped like ``hf_config``, holding ``hf_state_dict``'s weights.
 
@@ -61,6 +62,8 @@ def build_megatron_actor(
         rank: data-parallel rank.
         process_group: data-parallel group of the adapter path (None: the default group, if any); with tensor
             parallelism megatron-core's own data-parallel group is used instead.
+        lora: ``actor_rollout_ref.model.lora`` (verl's megatron form); with ``rank > 0`` a trained actor gets LoRA
+            adapters (:mod:`verl.models.mcore.lora`) and trains those alone.
 
     Returns:
         The actor; ``actor.training_path`` says which path runs.
@@ -100,6 +103,9 @@ def build_megatron_actor(
         _load_dist_checkpoint(model, actor_config.megatron)
     elif hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
+    lora_note = ""
+    if trainable and lora is not None and lora.rank > 0:
+        lora_note = _add_lora(model, lora, seed=actor_config.megatron.seed)
     if not trainable:
         model.eval().requires_grad_(False)
         actor = MegatronPPOActor(actor_config, model, params_in_compute_dtype=use_megatron, rank=rank)
@@ -113,7 +119,7 @@ def build_megatron_actor(
         path = "GPU path: megatron-core DDP, optimizer and schedules"
     else:
         optimizer, scheduler = build_amp_optimizer(
-            model.parameters(),
+            [param for param in model.parameters() if param.requires_grad],
             optim_config,
             dtype=dtype,
             total_training_steps=total_training_steps,
@@ -130,9 +136,29 @@ def build_megatron_actor(
         hf_config=hf_config,
         **build_loop_parts(actor_config, rank=rank),
     )
-    actor.training_path = f"{path} on {device}"
+    actor.training_path = f"{path} on {device}{lora_note}"
     logger.info("megatron actor: %s", actor.training_path)
     return actor
+
+
+def _add_lora(model: torch.nn.Module, lora: Any, seed: int) -> str:
+    """Adapters on ``model`` (:mod:`verl.models.mcore.lora`); returns what the actor's description says of them."""
+    from verl.models.mcore.lora import add_lora_adapters
+
+    adapted = add_lora_adapters(
+        model,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        exclude_modules=list(lora.exclude_modules or ()),
+        dropout=lora.dropout,
+        dropout_position=lora.dropout_position,
+        init_a=lora.lora_A_init_method,
+        init_b=lora.lora_B_init_method,
+        seed=seed,
+    )
+    trained = sum(param.numel() for param in model.parameters() if param.requires_grad)
+    return f", LoRA rank {lora.rank} on {len(adapted)} layers ({trained} trained parameters)"
 
 
 def adapter_groups(tp: int, process_group: Any) -> dict[str, Any]:

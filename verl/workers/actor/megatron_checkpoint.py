@@ -75,8 +75,10 @@ def save_tensor_parallel_checkpoint(
     # training states are what a resume loads
     save_state(Path(directory) / TRAIN_STATE_FILE, loop.training_state_dict())
     if hf_config is not None:
+        from verl.models.mcore.lora import merge_lora_state_dict
+
         norm_in_linear = any(k.endswith("linear_qkv.layer_norm_weight") for k in full)
-        hf = mcore_to_hf_state_dict(full, hf_config, norm_in_linear=norm_in_linear)
+        hf = mcore_to_hf_state_dict(merge_lora_state_dict(full), hf_config, norm_in_linear=norm_in_linear)
         (Path(directory) / HF_EXPORT_DIR).mkdir(exist_ok=True)
         save_weights(Path(directory) / HF_EXPORT_DIR / WEIGHTS_FILE, hf)
 

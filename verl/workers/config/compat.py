@@ -13,29 +13,29 @@ from typing import Any, ClassVar, Literal
 
 from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
 
-# verl's profiler tools and why each is out of scope here (GPU/NPU vendor tools; the memory snapshotter).
-PROFILER_TOOLS = {
-    "nsys": "NVIDIA Nsight Systems profiling (verl's nsys integration) is not provided here",
-    "npu": "Ascend NPU profiling (NPU hardware is out of scope here)",
-    "torch": "verl's torch.profiler integration is not provided here",
-    "torch_memory": "verl's CUDA memory-snapshot profiler is not provided here",
-}
+# verl's profiler tools built here (verl.utils.profiler), and the one that is not.
+PROFILER_TOOLS = ("torch", "nsys", "torch_memory")
+NPU_REASON = "Ascend NPU profiling (NPU hardware is out of scope here)"
 ULYSSES_REASON = (
     "Ulysses sequence parallelism (one sequence split over several ranks) is not implemented here; every rank "
     "holds whole sequences"
 )
 
 
-def _profiler_reason(tool: Any) -> str:
-    return PROFILER_TOOLS.get(tool, f"verl's profilers ({', '.join(PROFILER_TOOLS)}) are not provided here")
+def _check_tool(section: Any, field: str) -> None:
+    tool = getattr(section, field)
+    if tool == "npu":
+        raise FieldError(field, f"='npu' asks for {NPU_REASON}. Use torch or nsys.")
+    if tool is not None and tool not in PROFILER_TOOLS:
+        raise FieldError(field, f"={tool!r} is not a profiler here; take one of {list(PROFILER_TOOLS)} or null.")
 
 
 @dataclasses.dataclass(frozen=True)
 class ProfilerConfig(BaseConfig):
-    """A role's ``profiler`` section (verl's ``ProfilerConfig``): off is accepted, ``enable: true`` refused.
+    """A role's ``profiler`` section (verl's ``ProfilerConfig``), read by :class:`verl.utils.profiler.RoleProfiler`.
 
-    ``tool_config`` holds verl's per-tool settings (``nsys``, ``npu``, ``torch``, ``torch_memory``); they are read
-    only by a profiler, so any value is accepted while ``enable`` is false.
+    ``tool`` null takes ``global_profiler.tool``; ``tool_config`` holds verl's per-tool settings (``nsys``,
+    ``torch``, ``torch_memory``; ``npu`` is read by nothing here).
     """
 
     tool: str | None
@@ -46,17 +46,15 @@ class ProfilerConfig(BaseConfig):
     tool_config: Any
 
     def check(self) -> None:
-        if self.enable:
-            raise FieldError(
-                "enable",
-                f"=true asks for a verl profiler: {_profiler_reason(self.tool)} (profiling is out of scope). "
-                "Set it to false.",
-            )
+        _check_tool(self, "tool")
+        for rank in self.ranks or ():
+            if not isinstance(rank, int) or rank < 0:
+                raise FieldError("ranks", f"={list(self.ranks)!r} must list ranks (integers >= 0).")
 
 
 @dataclasses.dataclass(frozen=True)
 class GlobalProfilerConfig(BaseConfig):
-    """``global_profiler`` (verl's driver-side profiler settings): ``tool: null`` accepted, any tool refused."""
+    """``global_profiler``: the tool and the (1-based) steps the driver profiles (:mod:`verl.utils.profiler`)."""
 
     KEY: ClassVar[str] = "global_profiler"
 
@@ -67,12 +65,11 @@ class GlobalProfilerConfig(BaseConfig):
     global_tool_config: Any
 
     def check(self) -> None:
-        if self.tool is not None:
-            raise FieldError(
-                "tool",
-                f"={self.tool!r} asks for a verl profiler: {_profiler_reason(self.tool)} (profiling is out of "
-                "scope). Set it to null.",
-            )
+        _check_tool(self, "tool")
+        if self.tool is None:
+            return
+        if not self.steps or not all(isinstance(step, int) and step >= 1 for step in self.steps):
+            raise FieldError("steps", f"={self.steps!r}: list the training steps to profile (1-based), e.g. [1, 2, 5].")
 
 
 @dataclasses.dataclass(frozen=True)

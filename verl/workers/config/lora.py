@@ -13,15 +13,22 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
+from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number, check_one_of
 
 KEY = "actor_rollout_ref.model"
-MEGATRON_REFUSAL = "LoRA is not supported on the megatron backend yet"
+MEGATRON_CRITIC_REFUSAL = "LoRA on the megatron critic is not built (the actor's is)"
+# verl's megatron LoRA kinds this project does not build: what each would need.
+_OTHER_KINDS = {
+    "vlm_lora": "adapters on a vision-language model (multimodal models are out of scope)",
+    "canonical_lora": "separate adapters on the q, k, v and gate, up projections inside the fused layers",
+    "dora": "weight-decomposed adapters (DoRA)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class MegatronLoraConfig(BaseConfig):
-    """``actor_rollout_ref.model.lora``: verl's megatron-form LoRA (Megatron-Bridge), accepted with ``rank: 0``."""
+    """``actor_rollout_ref.model.lora``: verl's megatron-form LoRA, adapters on the megatron actor's linear layers
+    (:mod:`verl.models.mcore.lora`); ``rank: 0`` is off."""
 
     type: str
     merge: bool
@@ -41,7 +48,43 @@ class MegatronLoraConfig(BaseConfig):
     freeze_language_model: bool
 
     def check(self) -> None:
+        from verl.models.mcore.lora import COLUMN_PARALLEL, INIT_METHODS, ROW_PARALLEL
+
         check_int(self, "rank", 0)
+        if not self.rank:
+            return
+        if self.type != "lora":
+            reason = _OTHER_KINDS.get(self.type, "an adapter kind this project does not know")
+            raise FieldError("type", f"={self.type!r}: {reason}, not built here. Use type=lora.")
+        check_number(self, "alpha", 0, exclusive_min=True)
+        if not 0.0 <= self.dropout < 1.0:
+            raise FieldError("dropout", f"={self.dropout!r} must be in [0, 1).")
+        check_one_of(self, "dropout_position", ("pre", "post"), "dropout positions")
+        check_one_of(self, "lora_A_init_method", INIT_METHODS, "initialisations")
+        check_one_of(self, "lora_B_init_method", INIT_METHODS, "initialisations")
+        kinds = [*COLUMN_PARALLEL, *ROW_PARALLEL]
+        unknown = [name for name in self.target_modules if name not in kinds]
+        if unknown or not self.target_modules:
+            raise FieldError(
+                "target_modules", f"={list(self.target_modules)!r}: take megatron-core linear layers from {kinds}."
+            )
+        refuse = {
+            "a2a_experimental": "Megatron-Bridge's all-to-all exchange of expert adapters (MoE models are out of "
+            "scope); set it to false",
+            "adapter_path": "megatron adapters are saved and resumed inside this project's checkpoints "
+            "(trainer.resume_mode); starting from Megatron-Bridge's adapter files is not built. Set it to null",
+            "dtype": "the adapters take the dtype of the layer they adapt (the master weights' on the CPU path). "
+            "Set it to null",
+        }
+        for name, why in refuse.items():
+            if getattr(self, name):
+                raise FieldError(name, f"={getattr(self, name)!r}: {why}.")
+        if not self.freeze_language_model:
+            raise FieldError(
+                "freeze_language_model",
+                "=false would train the base weights beside the adapters; LoRA here trains the adapters alone. "
+                "Set it to true, or train fully with lora.rank=0.",
+            )
 
 
 def check_lora_fields(model: Any) -> None:
@@ -72,17 +115,19 @@ def check_lora(config: Any) -> None:
     _check_critic_lora(config)
     arr = config.actor_rollout_ref
     model, strategy = arr.model, arr.actor.strategy
-    if strategy == "megatron" and (model.uses_lora or model.lora.rank):
+    if strategy == "megatron":
+        if model.uses_lora:
+            which, value = (
+                ("lora_rank", model.lora_rank) if model.lora_rank else ("lora_adapter_path", model.lora_adapter_path)
+            )
+            raise ValueError(
+                f"{KEY}.{which}={value} is the dp/fsdp form of LoRA (peft, Hugging Face layer names); the megatron "
+                f"actor takes verl's megatron form: set {KEY}.lora.rank (lora.alpha, lora.target_modules over "
+                "linear_qkv, linear_proj, linear_fc1, linear_fc2) instead."
+            )
         if model.lora.rank:
-            which, value = "lora.rank", model.lora.rank
-        elif model.lora_rank:
-            which, value = "lora_rank", model.lora_rank
-        else:
-            which, value = "lora_adapter_path", model.lora_adapter_path
-        raise ValueError(
-            f"{KEY}.{which}={value}: {MEGATRON_REFUSAL}; train LoRA with actor_rollout_ref.actor.strategy=fsdp "
-            f"(or dp), or unset {KEY}.{which}."
-        )
+            _check_megatron_rank_fits(model)
+        return
     if model.lora.rank:
         raise ValueError(
             f"{KEY}.lora.rank={model.lora.rank} is verl's megatron form of LoRA, and this run trains with "
@@ -110,9 +155,31 @@ def _check_critic_lora(config: Any) -> None:
         return
     if config.critic_strategy == "megatron":
         raise ValueError(
-            f"critic.model.lora_rank={critic.lora_rank}: {MEGATRON_REFUSAL}; train the critic with "
+            f"critic.model.lora_rank={critic.lora_rank}: {MEGATRON_CRITIC_REFUSAL}; train the critic with "
             "critic.strategy=fsdp (or dp), or set critic.model.lora_rank=0."
         )
     from verl.utils.lora import check_lora_targets
 
     check_lora_targets(critic, key="critic.model")
+
+
+def _check_megatron_rank_fits(model: Any) -> None:
+    """``lora.rank`` no wider than the narrowest targeted layer of the model (its Hugging Face config, read here)."""
+    from verl.models.loading import load_hf_config
+
+    hf = load_hf_config(model.path, model.trust_remote_code, model.override_config)
+    heads = hf.num_attention_heads
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    kv_heads = getattr(hf, "num_key_value_heads", None) or heads
+    sizes = {
+        "linear_qkv": (hf.hidden_size, (heads + 2 * kv_heads) * head_dim),
+        "linear_proj": (heads * head_dim, hf.hidden_size),
+        "linear_fc1": (hf.hidden_size, 2 * hf.intermediate_size),
+        "linear_fc2": (hf.intermediate_size, hf.hidden_size),
+    }
+    kind, widest = min(((kind, min(sizes[kind])) for kind in model.lora.target_modules), key=lambda item: item[1])
+    if model.lora.rank > widest:
+        raise ValueError(
+            f"{KEY}.lora.rank={model.lora.rank} is wider than {kind} takes ({widest}: the smaller of its input and "
+            "output features); lower the rank."
+        )

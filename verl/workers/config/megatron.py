@@ -58,7 +58,8 @@ TRANSFORMER_FIELDS_FROM_KEYS = {
     "pipeline_dtype": "dtype",
 }
 
-# Kernel fusions that need apex / Transformer Engine CUDA kernels; on CPU the unfused paths run (same numbers).
+# Kernel fusions that need apex / Transformer Engine CUDA kernels; on CPU they are logged and the unfused paths run
+# (the same numbers).
 CUDA_KERNEL_FUSIONS = (
     "masked_softmax_fusion",
     "bias_activation_fusion",
@@ -68,8 +69,10 @@ CUDA_KERNEL_FUSIONS = (
     "persist_layer_norm",
 )
 
-# Activation recomputation: megatron-core's checkpointing saves and restores the CUDA RNG state.
-CUDA_RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+# Mixture-of-experts options: the megatron backend builds dense Llama / Qwen2 models (an MoE architecture is refused
+# when its config is read), so these have nothing to act on; checked by name, logged, and not passed on (some, like
+# moe_permute_fusion, make TransformerConfig ask for Transformer Engine even without experts).
+MOE_PREFIX = "moe_"
 
 # OptimizerConfig fields the ``optim`` section sets (AdamW, clipping, fp16 loss scale) or the dtype decides.
 OPTIMIZER_FIELDS_FROM_KEYS = {
@@ -90,6 +93,19 @@ OPTIMIZER_FIELDS_FROM_KEYS = {
     "params_dtype": "dtype",
     "use_distributed_optimizer": "megatron.use_distributed_optimizer",
 }
+
+# OptimizerConfig options that move optimizer state to host memory: where the adapter trains on CPU, it is there.
+HOST_MEMORY_OPTIMIZER_OPTIONS = frozenset(
+    {
+        "optimizer_cpu_offload",
+        "optimizer_offload_fraction",
+        "overlap_cpu_optimizer_d2h_h2d",
+        "pin_cpu_grads",
+        "pin_cpu_params",
+    }
+)
+# The state dtypes of use_precision_aware_optimizer (float32 by default: then it computes what the adapter does).
+PRECISION_AWARE_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
 
 # DistributedDataParallelConfig fields this package sets itself.
 DDP_FIELDS_FROM_KEYS = {"use_distributed_optimizer": "megatron.use_distributed_optimizer"}
@@ -240,12 +256,12 @@ class MegatronConfig(BaseConfig):
                 **TRANSFORMER_FIELDS_FROM_KEYS,
             },
         )
-        moe = sorted(name for name, value in transformer.items() if name.startswith("moe_") and value is not None)
+        moe = sorted(name for name in transformer if name.startswith(MOE_PREFIX))
         if moe:
-            raise FieldError(
-                f"override_transformer_config.{moe[0]}",
-                "sets a mixture-of-experts option, and the megatron backend converts dense Llama / Qwen2 models "
-                "only (no experts). Remove it.",
+            logger.info(
+                "override_transformer_config: %s have no effect: the megatron backend builds dense Llama / Qwen2 "
+                "models (no experts); not passed to TransformerConfig",
+                ", ".join(moe),
             )
         check_passthrough_keys(self.override_ddp_config, "ddp", "override_ddp_config", DDP_FIELDS_FROM_KEYS)
 
@@ -264,7 +280,8 @@ class MegatronConfig(BaseConfig):
         ``sequence_parallel`` (verl's default true) splits the activations of the layer norms along the sequence
         over the tensor-parallel ranks; megatron-core allows it only with tensor parallelism, and it runs on CUDA
         (its reduce-scatter), so it is on where both hold. ``override_transformer_config`` follows, with
-        ``attention_backend`` turned into megatron-core's enum.
+        ``attention_backend`` turned into megatron-core's enum and the ``moe_*`` options left out (dense models), and
+        on CPU the CUDA kernel fusions left out too (the unfused paths compute the same numbers).
 
         Args:
             device_type: "cpu" or "cuda".
@@ -277,13 +294,18 @@ class MegatronConfig(BaseConfig):
             and self.tensor_model_parallel_size > 1
             and device_type == "cuda"
         }
-        for name, value in dict(self.override_transformer_config or {}).items():
+        for name, value in self._transformer_items():
+            if name.startswith(MOE_PREFIX) or (device_type != "cuda" and name in CUDA_KERNEL_FUSIONS):
+                continue
             if name == "attention_backend" and isinstance(value, str):
                 from megatron.core.transformer.enums import AttnBackend
 
                 value = AttnBackend[value]
             overrides[name] = list(value) if isinstance(value, tuple) else value
         return overrides
+
+    def _transformer_items(self) -> list[tuple[str, Any]]:
+        return list(dict(self.override_transformer_config or {}).items())
 
     def ddp_overrides(self) -> dict[str, Any]:
         """``DistributedDataParallelConfig`` fields from ``override_ddp_config`` (megatron-core's path, CUDA)."""
@@ -315,17 +337,20 @@ class MegatronConfig(BaseConfig):
                 "calls CUDA (torch.cuda.synchronize, current_device). On CPU set it to false (the weights then come "
                 "from actor_rollout_ref.model.path), or run with trainer.device=cuda."
             )
-        for name, value in dict(self.override_transformer_config or {}).items():
-            if name in CUDA_KERNEL_FUSIONS and value:
+        fused = [name for name, value in self._transformer_items() if name in CUDA_KERNEL_FUSIONS and value]
+        if fused:
+            logger.info(
+                "%s.override_transformer_config: %s ask for apex / Transformer Engine CUDA kernels; on CPU the "
+                "unfused paths run (the same numbers)",
+                key,
+                ", ".join(f"{name}=true" for name in fused),
+            )
+        for name, value in self._transformer_items():
+            if name == "recompute_granularity" and value not in (None, "full"):
                 raise ValueError(
-                    f"{key}.override_transformer_config.{name}=true needs apex / Transformer Engine CUDA kernels; "
-                    "on CPU the unfused path computes the same numbers. Remove it, or run with trainer.device=cuda."
-                )
-            if name in CUDA_RECOMPUTE_KEYS and value is not None:
-                raise ValueError(
-                    f"{key}.override_transformer_config.{name}={value!r} asks for megatron-core's activation "
-                    "recomputation, which saves and restores the CUDA RNG state (CUDA only). Leave it null on CPU, "
-                    "or run with trainer.device=cuda."
+                    f"{key}.override_transformer_config.recompute_granularity={value!r} recomputes single modules "
+                    "through megatron-core's CUDA RNG checkpoint (CUDA only). On CPU use 'full' (whole layers, by "
+                    "torch.utils.checkpoint) or null, or run with trainer.device=cuda."
                 )
         offloads = [name for name in ("param_offload", "grad_offload", "optimizer_offload") if getattr(self, name)]
         if offloads:
@@ -383,28 +408,53 @@ class MegatronConfig(BaseConfig):
         return use_megatron
 
 
-def check_optimizer_overrides(overrides: Any, key: str, *, uses_megatron_optimizer: bool | None) -> dict[str, Any]:
+def check_optimizer_overrides(
+    overrides: Any, key: str, *, uses_megatron_optimizer: bool | None, device_type: str | None = None
+) -> dict[str, Any]:
     """``optim.override_optimizer_config`` of a megatron model: keys checked against ``OptimizerConfig``.
+
+    On the torch.optim adapter two kinds of option already hold and are accepted (logged): the host-memory ones
+    on CPU (:data:`HOST_MEMORY_OPTIMIZER_OPTIONS`: the optimizer state lives in host memory there), and
+    ``use_precision_aware_optimizer`` with float32 state dtypes (the adapter keeps float32 master weights and
+    moments, the numbers that option gives). Any other option is refused there.
 
     Args:
         overrides: the dictionary (null counts as empty).
         key: its full key (``actor_rollout_ref.actor.optim.override_optimizer_config``).
-        uses_megatron_optimizer: whether megatron-core's optimizer runs (False: the torch.optim adapter, where
-            a non-empty dictionary is refused; None: not known yet, keys checked only).
+        uses_megatron_optimizer: whether megatron-core's optimizer runs (False: the torch.optim adapter; None: not
+            known yet, keys checked only).
+        device_type: "cpu" or "cuda" (None: not known yet).
 
     Returns:
         The dictionary as a plain dict.
 
     Raises:
-        ValueError: an unknown or otherwise-decided key (as :func:`check_passthrough_keys`); any key on the adapter.
+        ValueError: an unknown or otherwise-decided key (as :func:`check_passthrough_keys`); on the adapter, an
+            option it does not already satisfy.
     """
     checked = check_passthrough_keys(overrides, "optimizer", key, OPTIMIZER_FIELDS_FROM_KEYS)
-    if checked and uses_megatron_optimizer is False:
+    if not checked or uses_megatron_optimizer is not False:
+        return checked
+    held = set()
+    if device_type == "cpu":
+        held |= HOST_MEMORY_OPTIMIZER_OPTIONS & set(checked)
+    if "use_precision_aware_optimizer" in checked and all(
+        str(checked.get(name, "float32")).removeprefix("torch.") in ("float32", "fp32")
+        for name in PRECISION_AWARE_DTYPES
+    ):
+        held.add("use_precision_aware_optimizer")
+    unmet = sorted(set(checked) - held)
+    if unmet:
         raise ValueError(
-            f"{key} sets {sorted(checked)}: megatron-core's OptimizerConfig options, and this model trains on the "
+            f"{key} sets {unmet}: megatron-core's OptimizerConfig options, and this model trains on the "
             "torch.optim adapter (CPU, or megatron.use_megatron_optimizer=false), which has no such options. Leave "
-            "it empty, or train on megatron-core's path (CUDA)."
+            "them out, or train on megatron-core's path (CUDA)."
         )
+    logger.info(
+        "%s: %s already hold on the torch.optim adapter (float32 optimizer state in host memory)",
+        key,
+        ", ".join(f"{name}={checked[name]}" for name in sorted(held)),
+    )
     return checked
 
 
@@ -458,6 +508,7 @@ def check_megatron_sections(config: Any) -> None:
                 optim.override_optimizer_config,
                 f"{key}.optim.override_optimizer_config",
                 uses_megatron_optimizer=False if not has_path else uses_megatron,
+                device_type=device,
             )
 
 

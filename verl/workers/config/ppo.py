@@ -10,6 +10,7 @@ trainer and workers ask the same question the same way.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
@@ -35,6 +36,8 @@ from verl.workers.config.schema import (
     check_one_of,
     refuse_unavailable,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,6 +377,46 @@ class PPOConfig(BaseConfig):
         check_fsdp_precision(self)
         check_megatron_sections(self)
         check_lora(self)
+        self._check_profiling()
+
+    def profiler_sections(self) -> dict[str, list[tuple[str, Any]]]:
+        """Per worker group that can be profiled, its roles' ``profiler`` sections as ``(key, section)``: the actor
+        worker holds the actor and the reference, so both of theirs apply to it."""
+        arr = self.actor_rollout_ref
+        groups = {"actor_rollout_ref": [("actor_rollout_ref.actor.profiler", arr.actor.profiler)]}
+        if self.needs_reference:
+            groups["actor_rollout_ref"].append(("actor_rollout_ref.ref.profiler", arr.ref.profiler))
+        if self.needs_critic:
+            groups["critic"] = [("critic.profiler", self.critic.profiler)]
+        return groups
+
+    def _check_profiling(self) -> None:
+        """A role's ``profiler.enable`` needs a tool and steps; the CUDA tools need CUDA; its ranks must exist."""
+        glob = self.global_profiler
+        for key, section in (pair for pairs in self.profiler_sections().values() for pair in pairs):
+            if not section.enable:
+                continue
+            tool = section.tool or glob.tool
+            if tool is None or glob.tool is None:
+                raise ValueError(
+                    f"{key}.enable=true, but global_profiler.tool is null: the driver opens the profiling windows "
+                    "at global_profiler.steps with that tool; set global_profiler.tool (torch, nsys, torch_memory) "
+                    "and global_profiler.steps."
+                )
+            if tool in ("nsys", "torch_memory") and self.trainer.device == "cpu":
+                what = "Nsight Systems captures CUDA ranges" if tool == "nsys" else "it snapshots the CUDA allocator"
+                raise ValueError(
+                    f"{key}: tool {tool} needs CUDA ({what}); on CPU use global_profiler.tool=torch, or run with "
+                    "trainer.device=cuda."
+                )
+            beyond = [rank for rank in section.ranks or () if rank >= self.world_size]
+            if beyond and not section.all_ranks:
+                logger.warning(
+                    "%s.ranks: %s are not ranks of this run (%d ranks); they are not profiled",
+                    key,
+                    beyond,
+                    self.world_size,
+                )
 
     def _check_dapo(self) -> None:
         buffer, filter_groups = self.reward_model.overlong_buffer, self.algorithm.filter_groups

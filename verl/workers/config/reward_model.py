@@ -17,7 +17,9 @@ reward manager runs in the trainer.
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Literal
+import inspect
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from verl.workers.config.algorithm import OverlongBufferConfig
 from verl.workers.config.roles import DType, MicroBatching, WrapPolicyConfig
@@ -149,11 +151,13 @@ class RewardModelConfig(BaseConfig):
     reward_manager: str
     custom_score_fn: str | None
     overlong_buffer: OverlongBufferConfig
+    reward_kwargs: Any
 
     def check(self) -> None:
         from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
 
         check_one_of(self, "reward_manager", REWARD_MANAGER_REGISTRY.names(), "registered reward managers")
+        self._check_reward_kwargs(REWARD_MANAGER_REGISTRY.get(self.reward_manager))
         if self.overlong_buffer.enable and self.reward_manager != "dapo":
             raise FieldError(
                 "overlong_buffer.enable",
@@ -168,6 +172,28 @@ class RewardModelConfig(BaseConfig):
         check_int(self, "forward_max_token_len_per_gpu", 1)
         if self.enable:
             self._check_model()
+
+    def _check_reward_kwargs(self, manager_cls: Any) -> None:
+        """verl's ``reward_kwargs``: keyword arguments of the reward manager, each a parameter it takes."""
+        if not isinstance(self.reward_kwargs, Mapping):
+            raise FieldError("reward_kwargs", f"must be a mapping of keyword arguments, got {self.reward_kwargs!r}.")
+        parameters = inspect.signature(manager_cls).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return
+        # the trainer passes these itself: the tokenizer, and the scorer of custom_score_fn / custom_reward_function
+        accepted = sorted(set(parameters) - {"tokenizer", "compute_score"})
+        for name in self.reward_kwargs:
+            if name not in accepted:
+                raise FieldError(
+                    f"reward_kwargs.{name}",
+                    f"is not a keyword argument of the {self.reward_manager!r} reward manager "
+                    f"({manager_cls.__name__}); it takes {accepted}.",
+                )
+        if "overlong_buffer_cfg" in self.reward_kwargs and self.overlong_buffer.enable:
+            raise FieldError(
+                "reward_kwargs.overlong_buffer_cfg",
+                "and reward_model.overlong_buffer.enable=true both set the overlong penalty: set one of them.",
+            )
 
     def _check_model(self) -> None:
         if not self.model.path:
