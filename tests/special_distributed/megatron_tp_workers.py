@@ -39,33 +39,16 @@ def _actor(tp: int, rank: int, hf_model, lora=None, **overrides):
     )
 
 
-def lora_settings():
-    """verl's megatron LoRA keys, B drawn non-zero so that the first update moves A and B alike."""
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        rank=4,
-        alpha=8,
-        target_modules=["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
-        exclude_modules=[],
-        dropout=0.0,
-        dropout_position="pre",
-        lora_A_init_method="kaiming",
-        lora_B_init_method="normal",
-    )
-
-
 def lora_update(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
     """LoRA on the megatron actor: log-probs, one update, its grad norm, the merged weights, the adapters-off
     log-probs after the update; then a checkpoint round trip (shards with adapters, merged Hugging Face export)."""
     result, error = {}, None
     try:
         _init(rank, world_size, port, tp)
-        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
-        from verl.utils.checkpoint import load_weights
+        from tests.workers.actor.conftest import megatron_lora, ppo_batch, tiny_qwen2
 
         hf_model = tiny_qwen2(seed=0)
-        actor = _actor(tp, rank, hf_model, lora=lora_settings())
+        actor = _actor(tp, rank, hf_model, lora=megatron_lora(lora_B_init_method="normal"))
         batch = ppo_batch(seed=0)
         log_probs, _ = actor.compute_log_prob(batch)
         with actor.adapters_off()():
@@ -82,19 +65,32 @@ def lora_update(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, r
             "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
         }
         if ckpt_dir:
-            actor.save_checkpoint(ckpt_dir)
-            dist.barrier()
-            fresh = _actor(tp, rank, hf_model, lora=lora_settings())
-            fresh.load_checkpoint(ckpt_dir)
-            result["after_resume"] = fresh.compute_log_prob(batch)[0].numpy().tobytes()
-            if rank == 0:
-                exported = load_weights(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
-                result["exported"] = {k: v.float().numpy().tobytes() for k, v in exported.items()}
+            lora = megatron_lora(lora_B_init_method="normal")
+            result.update(_round_trip(actor, lambda: _actor(tp, rank, hf_model, lora=lora), ckpt_dir, batch, rank))
     except Exception:  # report, so that the test fails with the real cause instead of a timeout
         error = traceback.format_exc()
     result_queue.put((rank, result, error))
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _round_trip(actor, make_actor, ckpt_dir: str, batch, rank: int) -> dict:
+    """Save ``actor``, build the initial one again (``make_actor``) and load: its log-probs and update count after
+    the resume, and on rank 0 the checkpoint's Hugging Face export."""
+    from verl.utils.checkpoint import load_weights
+
+    actor.save_checkpoint(ckpt_dir)
+    dist.barrier()
+    fresh = make_actor()
+    fresh.load_checkpoint(ckpt_dir)
+    result = {
+        "after_resume": fresh.compute_log_prob(batch)[0].numpy().tobytes(),
+        "steps_after_resume": fresh.num_update_steps,
+    }
+    if rank == 0:
+        exported = load_weights(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
+        result["exported"] = {k: v.float().numpy().tobytes() for k, v in exported.items()}
+    return result
 
 
 def _hf_bytes(actor, hf_config) -> dict[str, bytes]:
@@ -110,7 +106,6 @@ def update_and_checkpoint(rank: int, world_size: int, port: int, tp: int, ckpt_d
     try:
         _init(rank, world_size, port, tp)
         from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
-        from verl.utils.checkpoint import load_weights
 
         hf_model = tiny_qwen2(seed=0)
         actor = _actor(tp, rank, hf_model)
@@ -127,15 +122,7 @@ def update_and_checkpoint(rank: int, world_size: int, port: int, tp: int, ckpt_d
             "after": after.numpy().tobytes(),
         }
         if ckpt_dir:
-            actor.save_checkpoint(ckpt_dir)
-            dist.barrier()
-            fresh = _actor(tp, rank, hf_model)  # the initial weights again
-            fresh.load_checkpoint(ckpt_dir)
-            result["after_resume"] = fresh.compute_log_prob(batch)[0].numpy().tobytes()
-            result["steps_after_resume"] = fresh.num_update_steps
-            if rank == 0:
-                exported = load_weights(os.path.join(ckpt_dir, "huggingface", "model.safetensors"))
-                result["exported"] = {k: v.float().numpy().tobytes() for k, v in exported.items()}
+            result.update(_round_trip(actor, lambda: _actor(tp, rank, hf_model), ckpt_dir, batch, rank))
     except Exception:  # report, so that the test fails with the real cause instead of a timeout
         error = traceback.format_exc()
     result_queue.put((rank, result, error))

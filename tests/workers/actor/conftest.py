@@ -88,3 +88,21 @@ def ppo_batch(num_samples=8, seed=0, temperature=1.0):
         },
         meta_info={"temperature": temperature},
     )
+
+
+def megatron_lora(**overrides):
+    """verl's megatron LoRA keys (``actor_rollout_ref.model.lora``) as the megatron builder reads them: rank 4 on
+    every linear layer kind; ``overrides`` replace any of them."""
+    from types import SimpleNamespace
+
+    settings = {
+        "rank": 4,
+        "alpha": 8,
+        "target_modules": ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+        "exclude_modules": [],
+        "dropout": 0.0,
+        "dropout_position": "pre",
+        "lora_A_init_method": "kaiming",
+        "lora_B_init_method": "zero",
+    }
+    return SimpleNamespace(**{**settings, **overrides})

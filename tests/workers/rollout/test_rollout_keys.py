@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.utils.profiler import RoleProfiler
 from verl.workers.base_worker import ActorRolloutRefWorker
 from verl.workers.config import RolloutConfig, load_section
 from verl.workers.rollout import NaiveRollout
@@ -85,6 +86,7 @@ def generate_in_worker(calculate_log_probs: bool):
         rollout=NaiveRollout(hf_logits_fn(model), sampling_options(response_length=3, n=1, seed=0), PAD_ID, 31),
         config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout_config)),
         _device=lambda: "cpu",
+        profiler=RoleProfiler("actor_rollout_ref", [], None, rank=0),  # no role asks: inactive
     )
     return ActorRolloutRefWorker._generate(worker, make_prompts(PROMPT_ROWS, num_prompt_tokens=4))
 

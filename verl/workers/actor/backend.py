@@ -113,15 +113,19 @@ def _tied_aliases(weights: dict[str, torch.Tensor]) -> set[str]:
     return {"lm_head.weight"} if "model.embed_tokens.weight" in weights else set()
 
 
-def save_whole_checkpoint(loop: UpdateLoop, directory: str | os.PathLike) -> None:
-    """The whole weights to ``model.safetensors`` and the training state to ``train_state.pt``; a LoRA run also
-    its adapter directory; with ``checkpoint.save_contents`` holding ``hf_model``, the ``huggingface/`` export."""
+def save_whole_checkpoint(loop: UpdateLoop, directory: str | os.PathLike, exports=None) -> None:
+    """The whole weights to ``model.safetensors`` and the training state to ``train_state.pt``; then
+    ``exports(loop, directory, weights)`` (default: :func:`save_exports` of a Hugging Face module: a LoRA run's
+    adapter directory; with ``checkpoint.save_contents`` holding ``hf_model``, the ``huggingface/`` export)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     weights = loop.model_module().state_dict()
     save_weights(directory / WEIGHTS_FILE, weights)
     save_state(directory / TRAIN_STATE_FILE, loop.training_state_dict())
-    save_exports(loop, directory, weights, always_export=False)
+    if exports is None:
+        save_exports(loop, directory, weights, always_export=False)
+    else:
+        exports(loop, directory, weights)
 
 
 def save_exports(loop: UpdateLoop, directory: Path, weights: dict[str, torch.Tensor], *, always_export: bool) -> None:
@@ -367,11 +371,22 @@ class MegatronBackend(TrainingBackend):
         """Whole weights; a tensor-parallel model writes per-rank shards and the gathered weights instead (a
         collective, see :mod:`verl.workers.actor.megatron_checkpoint`)."""
         if self.tensor_parallel_size() == 1:
-            save_whole_checkpoint(loop, directory)
+            save_whole_checkpoint(loop, directory, exports=self._export_whole)
             return
         from verl.workers.actor.megatron_checkpoint import save_tensor_parallel_checkpoint
 
         save_tensor_parallel_checkpoint(loop, self.module(), directory, self.hf_config)
+
+    def _export_whole(self, loop, directory, weights):
+        """A whole model's ``huggingface/`` export, when ``checkpoint.save_contents`` holds ``hf_model`` (the
+        GPTModel's weights under Hugging Face names, LoRA merged)."""
+        checkpoint = getattr(loop.config, "checkpoint", None)
+        if checkpoint is None or not checkpoint.hf_model or self.hf_config is None:
+            return
+        from verl.workers.actor.megatron_checkpoint import export_huggingface_weights
+
+        tensors = {key: value for key, value in weights.items() if isinstance(value, torch.Tensor)}
+        export_huggingface_weights(directory, tensors, self.hf_config)
 
     def load_checkpoint(self, loop, directory):
         if self.tensor_parallel_size() == 1:

@@ -8,7 +8,8 @@ Layout of a checkpoint directory written with tensor-parallel size ``n``:
   schedule and the update-outcome handler are the same on every rank, as every rank takes the same decisions);
 - ``model.safetensors`` and ``train_state.pt``: the whole weights under megatron names, gathered over the
   tensor-parallel group (what a tensor-parallel size 1 run writes), with rank 0's training state; and, when the
-  Hugging Face config is known, ``huggingface/model.safetensors`` under Hugging Face names.
+  Hugging Face config is known, ``huggingface/`` (:func:`export_huggingface_weights`). A tensor-parallel size 1 run
+  writes that export when ``checkpoint.save_contents`` holds ``hf_model``.
 
 Only the ranks of data-parallel rank 0 write (the other data-parallel ranks hold the same shards); saving is a
 collective of their tensor-parallel group, because the gathering is; loading reads each rank's own shards.
@@ -57,7 +58,6 @@ def save_tensor_parallel_checkpoint(
         hf_config: the Hugging Face config, for the ``huggingface/`` export (None: no export).
     """
     from verl.models.mcore.tensor_parallel import gather_state_dict
-    from verl.models.mcore.weight_converter import mcore_to_hf_state_dict
 
     tp_rank, dp_rank, tp_group = _ranks()
     if dp_rank != 0:
@@ -75,12 +75,27 @@ def save_tensor_parallel_checkpoint(
     # training states are what a resume loads
     save_state(Path(directory) / TRAIN_STATE_FILE, loop.training_state_dict())
     if hf_config is not None:
-        from verl.models.mcore.lora import merge_lora_state_dict
+        export_huggingface_weights(directory, full, hf_config)
 
-        norm_in_linear = any(k.endswith("linear_qkv.layer_norm_weight") for k in full)
-        hf = mcore_to_hf_state_dict(merge_lora_state_dict(full), hf_config, norm_in_linear=norm_in_linear)
-        (Path(directory) / HF_EXPORT_DIR).mkdir(exist_ok=True)
-        save_weights(Path(directory) / HF_EXPORT_DIR / WEIGHTS_FILE, hf)
+
+def export_huggingface_weights(directory: str | os.PathLike, full: dict[str, torch.Tensor], hf_config: Any) -> None:
+    """``<directory>/huggingface/``: the Hugging Face config and the whole weights under Hugging Face names (LoRA
+    adapters merged into their layers), a model directory ``transformers`` loads once the worker adds the tokenizer.
+
+    Args:
+        directory: the checkpoint directory.
+        full: the whole (gathered) GPTModel state dict, megatron names.
+        hf_config: the Hugging Face config the model was built from.
+    """
+    from verl.models.mcore.lora import merge_lora_state_dict
+    from verl.models.mcore.weight_converter import mcore_to_hf_state_dict
+
+    norm_in_linear = any(k.endswith("linear_qkv.layer_norm_weight") for k in full)
+    hf = mcore_to_hf_state_dict(merge_lora_state_dict(full), hf_config, norm_in_linear=norm_in_linear)
+    export = Path(directory) / HF_EXPORT_DIR
+    export.mkdir(parents=True, exist_ok=True)
+    hf_config.save_pretrained(export)
+    save_weights(export / WEIGHTS_FILE, hf)
 
 
 def load_tensor_parallel_checkpoint(loop: UpdateLoop, module: torch.nn.Module, directory: str | os.PathLike) -> None:
