@@ -29,7 +29,8 @@ ONE_STEP = {
     "examples/grpo_trainer/run_deepseek7b_llm_seq_balance.sh": "GRPO, fsdp, dynamic batch sizes",
     "examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh": "GRPO, fsdp, LoRA rank 64, vLLM",
     "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh": "GRPO, megatron, fused kernels",
-    "examples/grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": "GRPO, megatron, LoRA, activation recomputation",
+    "examples/grpo_trainer/run_qwen3moe-30b_megatron_lora.sh": "GRPO, megatron, LoRA with the reference's offload "
+    "keys, activation recomputation",
     "examples/grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": "GRPO, megatron, DAPO reward_kwargs, MoE options",
     "examples/grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": "GRPO, megatron, its own rollout TP",
     "examples/ppo_trainer/run_gemma.sh": "PPO with a critic, fsdp",

@@ -65,9 +65,16 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         # megatron.*_offload: the parts each section selects wait in host memory until a phase needs them
         arr = self.config.actor_rollout_ref
         attach_offloader(self.actor, arr.actor.megatron)
-        if self.ref is not None:
+        if self.ref is not None and self._ref_owner() is self.ref:
             attach_offloader(self.ref, arr.ref.megatron)
         return description
+
+    def _ref_owner(self):
+        """Whose model the reference runs: its own, or (LoRA) the actor's with the adapters off, which moves with
+        the actor's offloader (the reference's offload keys then have no model of their own to move)."""
+        from verl.utils.lora import AdaptersOffReference
+
+        return self.actor if isinstance(self.ref, AdaptersOffReference) else self.ref
 
     def _generate(self, prompts: DataProto) -> DataProto:
         with offload_phase(self.actor, training=False):
@@ -78,7 +85,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             return super()._old_log_probs(data)
 
     def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
-        with offload_phase(self.ref, training=False):
+        with offload_phase(self._ref_owner(), training=False):
             return super()._ref_log_probs(data)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
