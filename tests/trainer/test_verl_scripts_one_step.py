@@ -1,26 +1,20 @@
 """One training step of twelve of verl's example scripts, on the tiny model and the embedded task (issue 27).
 
 Each script's stored command line is normalised as the start-up test does (model path, data files, hardware sizes;
-see ``tests/trainer/verl_scripts/harness.py``), then shrunk to a step a 2-core CPU runs in seconds: 8 prompts of at
-most 64 tokens, responses of at most 8, the micro-batch sizes that divide that, one step, no validation, no
-checkpoint, the console logger (verl's scripts log to W&B), vLLM's KV cache at 2% of the RAM. Everything else is
-the script's own: its algorithm, backend, rollout engine, reward model, LoRA, KL and entropy settings, dynamic
+see ``tests/trainer/verl_scripts/harness.py``), then shrunk to a step a 2-core CPU runs in seconds
+(``tests/trainer/verl_scripts/one_step.py``, which also runs every script that starts). Everything else is the
+script's own: its algorithm, backend, rollout engine, reward model, LoRA, KL and entropy settings, dynamic
 batch sizes and fused kernels. The twelve cover GRPO and PPO, fsdp and megatron, a model reward (the legacy worker
 and verl's reward loop), LoRA on fsdp and on megatron, and verl's options for mixture-of-experts models and DAPO's
 reward keyword arguments on a dense model.
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.trainer.verl_scripts.harness import load_scripts, normalise, write_inputs
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.trainer.verl_scripts.harness import load_scripts, write_inputs
+from tests.trainer.verl_scripts.one_step import run_one_step
 
 pytestmark = pytest.mark.slow
 
@@ -39,30 +33,6 @@ ONE_STEP = {
     "examples/ppo_trainer/run_qwen2-7b_rm.sh": "PPO, a model reward (verl's reward loop)",
     "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh": "PPO, fsdp, dynamic batch sizes",
 }
-# the sizes of one small step (on top of the normalised script)
-SMALL_STEP = (
-    "data.train_batch_size=8",
-    "data.val_batch_size=null",
-    "data.max_prompt_length=64",
-    "data.max_response_length=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.02",
-    "critic.ppo_mini_batch_size=8",
-    "critic.ppo_micro_batch_size_per_gpu=8",
-    "reward_model.micro_batch_size_per_gpu=8",
-    "trainer.total_training_steps=1",
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-    "trainer.save_freq=-1",
-    "trainer.resume_mode=disable",
-    "trainer.logger=[console,jsonl]",
-    "trainer.progress_bar=false",
-    "trainer.plot=false",
-    "ray_init.num_cpus=2",
-)
 
 
 @pytest.fixture(scope="module")
@@ -77,22 +47,8 @@ def _override_keys(overrides) -> set[str]:
 @pytest.mark.parametrize("path", list(ONE_STEP), ids=[p.rsplit("/", 1)[-1] for p in ONE_STEP])
 def test_one_step_of_a_verl_script(tmp_path, inputs, path):
     script = next(s for s in load_scripts() if s.name == path)
-    normalised = normalise(script.overrides, inputs)
-    # a key the script sets with '+' (it is absent from verl's config) keeps its '+'; ours are plain overrides of
-    # keys the config has, so only those the script does not set are added, and the ones it sets are replaced
-    ours = {o.partition("=")[0]: o for o in SMALL_STEP}
-    kept = [o for o in normalised if o.partition("=")[0].lstrip("+~") not in ours]
     out_dir = tmp_path / "run"
-    argv = script.argv(tuple(kept) + SMALL_STEP + (f"trainer.default_local_dir={out_dir}",))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_one_step(script, inputs, tmp_path, out_dir)
     assert proc.returncode == 0, f"{ONE_STEP[path]}:\n{proc.stderr[-4000:]}"
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "critic/score/mean" in r]

@@ -253,3 +253,15 @@ def test_optimizer_options_the_cpu_adapter_already_meets_are_accepted(caplog):
     bf16_moments = {"use_precision_aware_optimizer": True, "exp_avg_dtype": "bfloat16"}
     with pytest.raises(ValueError, match=r"sets \['exp_avg_dtype', 'use_precision_aware_optimizer'\]"):
         check_optimizer_overrides(bf16_moments, key, uses_megatron_optimizer=False, device_type="cpu")
+
+
+def test_pipeline_split_fields_are_left_out_at_pipeline_size_1(caplog):
+    # run_deepseek671b_math_megatron_96gb.sh at one pipeline stage: megatron-core would build only the last stage's
+    # count of layers; there is one stage, so there is nothing to split
+    split = {"num_layers_in_last_pipeline_stage": 6, "account_for_loss_in_pipeline_split": False}
+    with caplog.at_level(logging.INFO, logger="verl.workers.config.megatron"):
+        megatron = section({"override_transformer_config": split})
+    assert "account_for_loss_in_pipeline_split, num_layers_in_last_pipeline_stage share layers out" in caplog.text
+    assert megatron.transformer_overrides("cuda") == {"sequence_parallel": False}
+    staged = megatron.replace(pipeline_model_parallel_size=2)
+    assert staged.transformer_overrides("cuda") == {"sequence_parallel": False, **split}

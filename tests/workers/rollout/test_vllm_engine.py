@@ -56,7 +56,7 @@ def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
         "actor_rollout_ref.actor.dtype=bfloat16",
         "actor_rollout_ref.rollout.max_num_seqs=7",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.25",
-        "+actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space=0",
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.cpu_offload_gb=0",
         model=model_dir,
     )
     kwargs = engine_kwargs(config, seed=5, device="cpu")
@@ -64,7 +64,7 @@ def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
     assert kwargs["max_model_len"] == 16
     assert (kwargs["model"], kwargs["dtype"], kwargs["seed"]) == (str(model_dir), "bfloat16", 5)
     assert kwargs["max_num_seqs"] == 7
-    assert kwargs["swap_space"] == 0  # engine_kwargs.vllm passes through
+    assert kwargs["cpu_offload_gb"] == 0  # engine_kwargs.vllm passes through
     # on CPU the KV cache is the utilization's share of the RAM, set explicitly, and vLLM cannot sleep there
     ram = vllm_engine._total_ram_bytes()
     assert kwargs["kv_cache_memory_bytes"] == int(0.25 * ram) and kwargs["enable_sleep_mode"] is False
@@ -169,6 +169,27 @@ def test_tensor_parallel_engines_on_gpu_fit_a_node(monkeypatch, model_dir):
     tp4 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2", "trainer.nnodes=2"]
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=4 does not divide trainer.n_gpus_per_node=2"):
         check_vllm_config(vllm_config(*tp4, model=model_dir))
+
+
+def test_a_retired_vllm_argument_of_verls_scripts_takes_its_new_name(model_dir):
+    # run_glm41v_9b.sh: disable_mm_preprocessor_cache=True, which vLLM 0.32 spells mm_processor_cache_gb=0
+    key = "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache"
+    kwargs = engine_kwargs(vllm_config(f"{key}=True", model=model_dir), seed=0, device="cpu")
+    assert kwargs["mm_processor_cache_gb"] == 0 and "disable_mm_preprocessor_cache" not in kwargs
+    kwargs = engine_kwargs(vllm_config(f"{key}=False", model=model_dir), seed=0, device="cpu")
+    assert "mm_processor_cache_gb" not in kwargs and "disable_mm_preprocessor_cache" not in kwargs
+
+
+def test_an_argument_the_installed_vllm_does_not_take_is_named(model_dir):
+    pytest.importorskip("vllm", reason="the vllm extra is not installed")
+    config = vllm_config("+actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprob=5", model=model_dir)
+    with pytest.raises(
+        ValueError, match=r"engine_kwargs.vllm.max_logprob is not an argument .*did you mean max_logprobs"
+    ):
+        check_vllm_config(config)
+    # vllm.LLM's own arguments (cpu_offload_gb) and EngineArgs' fields (max_logprobs) both pass
+    for name, value in (("cpu_offload_gb", 0), ("max_logprobs", 5)):
+        check_vllm_config(vllm_config(f"+actor_rollout_ref.rollout.engine_kwargs.vllm.{name}={value}", model=model_dir))
 
 
 def test_cpu_head_sizes_are_vllms_own():

@@ -73,6 +73,15 @@ CUDA_KERNEL_FUSIONS = (
 # when its config is read), so these have nothing to act on; checked by name, logged, and not passed on (some, like
 # moe_permute_fusion, make TransformerConfig ask for Transformer Engine even without experts).
 MOE_PREFIX = "moe_"
+# How layers are shared out over pipeline stages: with one stage there is nothing to share out (megatron-core would
+# still build the first stage's count of layers), so at pipeline size 1 these are logged and not passed on.
+PIPELINE_SPLIT_FIELDS = (
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
 
 # OptimizerConfig fields the ``optim`` section sets (AdamW, clipping, fp16 loss scale) or the dtype decides.
 OPTIMIZER_FIELDS_FROM_KEYS = {
@@ -256,6 +265,13 @@ class MegatronConfig(BaseConfig):
                 **TRANSFORMER_FIELDS_FROM_KEYS,
             },
         )
+        split = sorted(name for name in transformer if name in PIPELINE_SPLIT_FIELDS)
+        if split and self.pipeline_model_parallel_size == 1:
+            logger.info(
+                "override_transformer_config: %s share layers out over pipeline stages; with "
+                "pipeline_model_parallel_size=1 there is one stage: not passed to TransformerConfig",
+                ", ".join(split),
+            )
         moe = sorted(name for name in transformer if name.startswith(MOE_PREFIX))
         if moe:
             logger.info(
@@ -280,8 +296,9 @@ class MegatronConfig(BaseConfig):
         ``sequence_parallel`` (verl's default true) splits the activations of the layer norms along the sequence
         over the tensor-parallel ranks; megatron-core allows it only with tensor parallelism, and it runs on CUDA
         (its reduce-scatter), so it is on where both hold. ``override_transformer_config`` follows, with
-        ``attention_backend`` turned into megatron-core's enum and the ``moe_*`` options left out (dense models), and
-        on CPU the CUDA kernel fusions left out too (the unfused paths compute the same numbers).
+        ``attention_backend`` turned into megatron-core's enum and the ``moe_*`` options left out (dense models), the
+        pipeline-split fields at pipeline size 1, and on CPU the CUDA kernel fusions (the unfused paths compute the
+        same numbers).
 
         Args:
             device_type: "cpu" or "cuda".
@@ -296,6 +313,8 @@ class MegatronConfig(BaseConfig):
         }
         for name, value in self._transformer_items():
             if name.startswith(MOE_PREFIX) or (device_type != "cuda" and name in CUDA_KERNEL_FUSIONS):
+                continue
+            if name in PIPELINE_SPLIT_FIELDS and self.pipeline_model_parallel_size == 1:
                 continue
             if name == "attention_backend" and isinstance(value, str):
                 from megatron.core.transformer.enums import AttnBackend

@@ -57,6 +57,12 @@ INSTALL_HINT = (
 # Head sizes vLLM 0.32's CPU attention backend accepts (CPUAttentionBackend.get_supported_head_sizes); checked here
 # without importing vllm, which takes seconds, and compared with vLLM's own list by the tests.
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vLLM arguments verl's scripts set under names later vLLM releases retired: old name -> (new name, value -> new
+# value, None: leave the new argument at vLLM's default).
+RENAMED_ENGINE_ARGS = {
+    # the multimodal preprocessor cache: off is a cache of 0 GiB
+    "disable_mm_preprocessor_cache": ("mm_processor_cache_gb", lambda disable: 0 if disable else None),
+}
 # vllm.LLM arguments verl derives from its own keys; engine_kwargs.vllm must not set them a second time.
 VERL_SET_KEYS = {
     "model": "actor_rollout_ref.model.path",
@@ -188,7 +194,7 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
         # which inside a training worker (torch, the model, the optimizer) can leave nothing; the KV cache gets
         # exactly that share of the RAM instead, as the config key documents
         kwargs["kv_cache_memory_bytes"] = int(rollout.gpu_memory_utilization * _total_ram_bytes())
-    kwargs.update(rollout.engine_kwargs.vllm)
+    kwargs.update(vllm_engine_args(rollout.engine_kwargs.vllm))
     return kwargs
 
 
@@ -305,12 +311,53 @@ def check_vllm_config(config: PPOConfig) -> None:
 
 
 def _check_engine_kwargs(rollout: RolloutConfig) -> None:
+    """Each ``engine_kwargs.vllm`` key: not one verl sets, and (after :data:`RENAMED_ENGINE_ARGS`) an argument of
+    the installed ``vllm.LLM`` or its ``EngineArgs``, so that a misspelt or retired name fails here, not in a
+    worker."""
+    import dataclasses
+    import difflib
+
     for key in rollout.engine_kwargs.vllm:
         if key in VERL_SET_KEYS:
             raise ValueError(
                 f"{_KEY}.engine_kwargs.vllm.{key} is set from {VERL_SET_KEYS[key]}; set that key instead and remove "
                 f"{key} from {_KEY}.engine_kwargs.vllm."
             )
+    # importing vLLM takes seconds: only when there are names to check, and only where it is installed (a run
+    # without it is refused by require_vllm)
+    if not rollout.engine_kwargs.vllm or importlib.util.find_spec("vllm") is None:
+        return
+    import inspect
+
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    # vllm.LLM takes some arguments itself and hands the others to EngineArgs
+    fields = {field.name for field in dataclasses.fields(EngineArgs)} | set(inspect.signature(LLM).parameters)
+    for key in vllm_engine_args(rollout.engine_kwargs.vllm):
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ValueError(
+                f"{_KEY}.engine_kwargs.vllm.{key} is not an argument of the installed vllm.LLM or its "
+                f"EngineArgs{hint}; remove it or use the name this vLLM takes."
+            )
+
+
+def vllm_engine_args(given: Any) -> dict[str, Any]:
+    """``engine_kwargs.vllm`` as this vLLM takes it: retired names verl's scripts still use turned into their
+    replacements (:data:`RENAMED_ENGINE_ARGS`, logged), the rest as given."""
+    args: dict[str, Any] = {}
+    for key, value in dict(given or {}).items():
+        if key not in RENAMED_ENGINE_ARGS:
+            args[key] = value
+            continue
+        new_key, convert = RENAMED_ENGINE_ARGS[key]
+        new_value = convert(value)
+        logger.info("engine_kwargs.vllm.%s=%r is %s=%r in this vLLM", key, value, new_key, new_value)
+        if new_value is not None:
+            args[new_key] = new_value
+    return args
 
 
 def _check_tensor_parallel(tp: int, device: str, n_gpus_per_node: int) -> None:
