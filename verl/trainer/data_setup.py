@@ -7,7 +7,7 @@ parquet or JSONL with ``prompt``, ``ground_truth`` and ``data_source`` columns.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,15 +119,8 @@ def build_reward_fn(config: PPOConfig, tokenizer):
             "overlong_buffer_cfg": config.reward_model.overlong_buffer,
         }
     # verl's reward_model.reward_kwargs (names checked against the manager's parameters) come last
-    extra.update(_plain(config.reward_model.reward_kwargs))
+    extra.update(config.reward_model.reward_kwargs)
     return manager_cls(tokenizer=tokenizer, compute_score=compute_score, **extra)
-
-
-def _plain(value):
-    """A config mapping as plain dicts (Hydra's DictConfig in, dict out), for a constructor's keyword arguments."""
-    if isinstance(value, Mapping):
-        return {str(key): _plain(item) for key, item in value.items()}
-    return value
 
 
 def build_data(config: PPOConfig, world_size: int) -> TrainingData:

@@ -107,7 +107,7 @@ class LoraAdapter(torch.nn.Module):
         from verl.models.mcore.tensor_parallel import _slice
 
         super().__init__()
-        self.kind, self.column = kind, kind in COLUMN_PARALLEL
+        self.column = kind in COLUMN_PARALLEL
         self.tp_size, self.sequence_parallel = tp_size, sequence_parallel
         self.dropout = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
         self.dropout_position = dropout_position
@@ -181,7 +181,7 @@ def _targets(model: torch.nn.Module, targets: Sequence[str], exclude: Sequence[s
         kind = name.rsplit(".", 1)[-1]
         if kind not in (*COLUMN_PARALLEL, *ROW_PARALLEL) or kind not in targets:
             continue
-        if any(name == pattern or name.endswith(f".{pattern}") or kind == pattern for pattern in exclude):
+        if any(name == pattern or name.endswith(f".{pattern}") for pattern in exclude):
             continue
         found.append((name, module))
     return found

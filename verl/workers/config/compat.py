@@ -22,12 +22,13 @@ ULYSSES_REASON = (
 )
 
 
-def _check_tool(section: Any, field: str) -> None:
-    tool = getattr(section, field)
-    if tool == "npu":
-        raise FieldError(field, f"='npu' asks for {NPU_REASON}. Use torch or nsys.")
-    if tool is not None and tool not in PROFILER_TOOLS:
-        raise FieldError(field, f"={tool!r} is not a profiler here; take one of {list(PROFILER_TOOLS)} or null.")
+def _check_tool(section: Any) -> None:
+    if section.tool == "npu":
+        raise FieldError("tool", f"='npu' asks for {NPU_REASON}. Use torch or nsys.")
+    if section.tool is not None and section.tool not in PROFILER_TOOLS:
+        raise FieldError(
+            "tool", f"={section.tool!r} is not a profiler here; take one of {list(PROFILER_TOOLS)} or null."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ProfilerConfig(BaseConfig):
     tool_config: Any
 
     def check(self) -> None:
-        _check_tool(self, "tool")
+        _check_tool(self)
         for rank in self.ranks or ():
             if not isinstance(rank, int) or rank < 0:
                 raise FieldError("ranks", f"={list(self.ranks)!r} must list ranks (integers >= 0).")
@@ -65,7 +66,7 @@ class GlobalProfilerConfig(BaseConfig):
     global_tool_config: Any
 
     def check(self) -> None:
-        _check_tool(self, "tool")
+        _check_tool(self)
         if self.tool is None:
             return
         if not self.steps or not all(isinstance(step, int) and step >= 1 for step in self.steps):

@@ -166,17 +166,11 @@ def _check_critic_lora(config: Any) -> None:
 def _check_megatron_rank_fits(model: Any) -> None:
     """``lora.rank`` no wider than the narrowest targeted layer of the model (its Hugging Face config, read here)."""
     from verl.models.loading import load_hf_config
+    from verl.models.mcore.config import build_transformer_config
+    from verl.models.mcore.lora import layer_sizes
 
     hf = load_hf_config(model.path, model.trust_remote_code, model.override_config)
-    heads = hf.num_attention_heads
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-    kv_heads = getattr(hf, "num_key_value_heads", None) or heads
-    sizes = {
-        "linear_qkv": (hf.hidden_size, (heads + 2 * kv_heads) * head_dim),
-        "linear_proj": (heads * head_dim, hf.hidden_size),
-        "linear_fc1": (hf.hidden_size, 2 * hf.intermediate_size),
-        "linear_fc2": (hf.intermediate_size, hf.hidden_size),
-    }
+    sizes = layer_sizes(build_transformer_config(hf))
     kind, widest = min(((kind, min(sizes[kind])) for kind in model.lora.target_modules), key=lambda item: item[1])
     if model.lora.rank > widest:
         raise ValueError(

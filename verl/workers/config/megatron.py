@@ -312,9 +312,7 @@ class MegatronConfig(BaseConfig):
             and device_type == "cuda"
         }
         for name, value in self._transformer_items():
-            if name.startswith(MOE_PREFIX) or (device_type != "cuda" and name in CUDA_KERNEL_FUSIONS):
-                continue
-            if name in PIPELINE_SPLIT_FIELDS and self.pipeline_model_parallel_size == 1:
+            if self._left_out(name, device_type):
                 continue
             if name == "attention_backend" and isinstance(value, str):
                 from megatron.core.transformer.enums import AttnBackend
@@ -322,6 +320,15 @@ class MegatronConfig(BaseConfig):
                 value = AttnBackend[value]
             overrides[name] = list(value) if isinstance(value, tuple) else value
         return overrides
+
+    def _left_out(self, name: str, device_type: str) -> bool:
+        """Whether an ``override_transformer_config`` field stays out of ``TransformerConfig`` (the checks log it):
+        a ``moe_*`` option (dense models), a pipeline-split field at one stage, a CUDA kernel fusion off CUDA."""
+        return (
+            name.startswith(MOE_PREFIX)
+            or (name in PIPELINE_SPLIT_FIELDS and self.pipeline_model_parallel_size == 1)
+            or (device_type != "cuda" and name in CUDA_KERNEL_FUSIONS)
+        )
 
     def _transformer_items(self) -> list[tuple[str, Any]]:
         return list(dict(self.override_transformer_config or {}).items())
