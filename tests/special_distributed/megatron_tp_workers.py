@@ -21,11 +21,16 @@ def _init(rank: int, world_size: int, port: int, tp: int) -> None:
     ensure_model_parallel_initialized(tp=tp, pp=1)
 
 
-def _actor(tp: int, rank: int, hf_model, lora=None, **overrides):
+def _actor(tp: int, rank: int, hf_model, lora=None, megatron=None, **overrides):
     from tests.workers.actor.conftest import actor_config
     from verl.workers.actor.megatron_builder import build_megatron_actor
 
-    megatron = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": 1, "use_megatron_optimizer": "auto"}
+    megatron = {
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": 1,
+        "use_megatron_optimizer": "auto",
+        **(megatron or {}),
+    }
     cfg = actor_config(strategy="megatron", megatron=megatron, seed=1, **overrides)
     return build_megatron_actor(
         hf_model.config,
@@ -186,5 +191,33 @@ def nan_on_one_rank(rank: int, world_size: int, port: int, tp: int, result_queue
     except Exception:
         error = traceback.format_exc()
     result_queue.put((rank, seen, weights, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def dist_checkpoint_layouts(rank: int, world_size: int, port: int, tp: int, save_dir: str, load_dir: str, result_queue):
+    """megatron-core distributed checkpoints across layouts: the actor converted from the Hugging Face weights writes
+    its shards to ``save_dir`` (``save_dist_checkpoint``); an actor started with ``use_dist_checkpointing=true`` from
+    ``load_dir`` (written at another tensor-parallel size, or empty) reports its log-probs and its gathered weights."""
+    result, error = {}, None
+    try:
+        _init(rank, world_size, port, tp)
+        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+        from verl.models.mcore.dist_checkpoint import save_dist_checkpoint
+
+        hf_model = tiny_qwen2(seed=0)
+        batch = ppo_batch(seed=0)
+        converted = _actor(tp, rank, hf_model)
+        save_dist_checkpoint(converted.model_module(), save_dir)
+        result["converted"] = converted.compute_log_prob(batch)[0].numpy().tobytes()
+        if load_dir:
+            megatron = {"use_dist_checkpointing": True, "dist_checkpointing_path": load_dir}
+            loaded = _actor(tp, rank, tiny_qwen2(seed=1), megatron=megatron)  # other weights unless the load works
+            result["loaded"] = loaded.compute_log_prob(batch)[0].numpy().tobytes()
+            result["weights"] = _hf_bytes(loaded, hf_model.config)
+            result["want_weights"] = _hf_bytes(converted, hf_model.config)
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.special_distributed.megatron_tp_workers import (
+    dist_checkpoint_layouts,
     fused_update,
     lora_update,
     nan_on_one_rank,
@@ -166,3 +167,17 @@ def test_tp2_lora_equals_tp1_lora(tmp_path):
     assert set(exported) == set(split[0]["weights"])
     for name, data in split[0]["weights"].items():
         assert exported[name] == data, name
+
+
+def test_dist_checkpoints_load_at_another_tensor_parallel_size(tmp_path):
+    """use_dist_checkpointing: shards written at TP 2 start a TP 1 actor, and shards written at TP 1 a TP 2 one, each
+    with the weights converted from Hugging Face at its own size (so the log-probs equal that actor's bit for bit)."""
+    tp1_dir, tp2_dir = str(tmp_path / "tp1"), str(tmp_path / "tp2")
+    run_ranks(dist_checkpoint_layouts, 2, 2, tp2_dir, "")  # TP 2 writes its two halves
+    whole = run_ranks(dist_checkpoint_layouts, 1, 1, tp1_dir, tp2_dir)[0][0]  # TP 1 reads both halves
+    assert whole["loaded"] == whole["converted"]
+    assert whole["weights"] == whole["want_weights"]
+    split = run_ranks(dist_checkpoint_layouts, 2, 2, str(tmp_path / "tp2_again"), tp1_dir)  # TP 2 reads its halves
+    for rank in (0, 1):
+        assert split[rank][0]["loaded"] == split[rank][0]["converted"]
+        assert split[rank][0]["weights"] == split[rank][0]["want_weights"]

@@ -1,15 +1,16 @@
-"""One training step of twelve of verl's example scripts, on the tiny model and the embedded task (issue 27).
+"""One training step of thirteen of verl's example scripts, on the tiny model and the embedded task (issue 27).
 
 Each script's stored command line is normalised as the start-up test does (model path, data files, hardware sizes;
 see ``tests/trainer/verl_scripts/harness.py``), then shrunk to a step a 2-core CPU runs in seconds
 (``tests/trainer/verl_scripts/one_step.py``, which also runs every script that starts). Everything else is the
 script's own: its algorithm, backend, rollout engine, reward model, LoRA, KL and entropy settings, dynamic
-batch sizes and fused kernels. The twelve cover GRPO and PPO, fsdp and megatron, a model reward (the legacy worker
-and verl's reward loop), LoRA on fsdp and on megatron, and verl's options for mixture-of-experts models and DAPO's
-reward keyword arguments on a dense model.
+batch sizes and fused kernels. The thirteen cover GRPO and PPO, fsdp and megatron, a model reward (the legacy worker
+and verl's reward loop), LoRA on fsdp and on megatron, megatron roles started from a megatron-core distributed
+checkpoint, and verl's options for mixture-of-experts models and DAPO's reward keyword arguments on a dense model.
 """
 
 import json
+import re
 
 import pytest
 
@@ -29,6 +30,8 @@ ONE_STEP = {
     "examples/grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": "GRPO, megatron, its own rollout TP",
     "examples/ppo_trainer/run_gemma.sh": "PPO with a critic, fsdp",
     "examples/ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": "PPO with a critic, megatron",
+    "examples/ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": "PPO, megatron, actor, reference and critic "
+    "started from a megatron-core distributed checkpoint",
     "examples/ppo_trainer/run_qwen2-7b_rm_legacy.sh": "PPO, a model reward (verl's legacy worker)",
     "examples/ppo_trainer/run_qwen2-7b_rm.sh": "PPO, a model reward (verl's reward loop)",
     "examples/ppo_trainer/run_qwen2-7b_seq_balance.sh": "PPO, fsdp, dynamic batch sizes",
@@ -56,5 +59,8 @@ def test_one_step_of_a_verl_script(tmp_path, inputs, path):
     assert "actor/pg_loss" in steps[0]
     if "actor_rollout_ref.model.lora.rank" in _override_keys(script.overrides):  # verl's megatron form of LoRA
         assert "MegatronPPOActor" in proc.stderr and "LoRA rank 32 on 8 layers" in proc.stderr
+    if "critic.megatron.use_dist_checkpointing=True" in script.overrides:  # the converter's shards
+        for role in ("MegatronPPOActor", "MegatronPPOCritic"):  # each worker's start-up line names the source
+            assert re.search(rf"{role} \([^)]*initial weights from {re.escape(inputs['dist_checkpoint'])}", proc.stderr)
     if "critic.optim.lr" in _override_keys(script.overrides):  # a PPO script: its critic trained too
         assert "critic/vf_loss" in steps[0]

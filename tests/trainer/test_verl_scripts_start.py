@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.verl_scripts.harness import load_scripts, start_up_check, write_inputs
 
-MIN_PASSING = 51
+MIN_PASSING = 55
 # On a GPU machine (trainer.device=cuda) the CUDA-only features start too: every refusal left is out of scope or the
 # script's own text; this is all 74 less the 17 such scripts.
 MIN_PASSING_ON_CUDA = 57

@@ -486,7 +486,7 @@ class CriticWorker(_ModelWorker):
         torch.manual_seed(cfg.critic.seed)
         self.critic = self._build_critic(cfg.critic.per_rank(cfg.actor_rollout_ref.rollout.n, self._dp_size()), device)
         self.critic.model_module().train()
-        return f"rank {self.rank}: {type(self.critic).__name__} on {device}"
+        return f"rank {self.rank}: {type(self.critic).__name__} ({getattr(self.critic, 'training_path', device)})"
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:

@@ -2,8 +2,9 @@
 
 ``scripts.json`` (next to this module, written by ``scripts/verl_compat/extract_script_overrides.py``) holds each of
 verl's GRPO/PPO example scripts' ``main_ppo`` command line as bash expands it. :func:`normalise` changes only what a
-user on this machine must change: the model path (the embedded tiny model, :func:`write_model`, and a LoRA adapter
-of it where a script starts from one, :func:`write_adapter`), the data files
+user on this machine must change: the model path (the embedded tiny model, :func:`write_model`; a LoRA adapter
+of it where a script starts from one, :func:`write_adapter`; its megatron-core distributed checkpoint where a script
+starts from one, :func:`write_dist_checkpoint`), the data files
 (small parquet files in verl's layout, written from the embedded task by :func:`write_data_files`) and the
 hardware sizes (one node, one device, every model-parallel size 1). :func:`start_up_check` then runs what ``python -m
 verl.trainer.main_ppo``
@@ -33,6 +34,8 @@ N_GPUS_PER_NODE = 1
 _MODEL_PATH_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
 # A LoRA adapter to start from is part of the model a user brings: the scripts' adapter is one for the scripts' model.
 _ADAPTER_PATH_KEY = "actor_rollout_ref.model.lora_adapter_path"
+# The megatron form of a model a script starts from (use_dist_checkpointing): the last part of the key.
+_DIST_CHECKPOINT_KEY = "dist_checkpointing_path"
 _DATA_FILE_KEYS = {"data.train_files": "train", "data.val_files": "test"}
 # Hardware sizes: the last part of the key -> the value on this machine.
 _PARALLEL_SIZES = {
@@ -137,11 +140,29 @@ def write_adapter(directory: Path, model_path: str) -> str:
     return str(target)
 
 
+def write_dist_checkpoint(directory: Path, model_path: str) -> str:
+    """The scripts' model as a megatron-core distributed checkpoint under ``directory``, written by the converter a
+    user runs (``python -m verl.models.mcore.dist_checkpoint``, in its own process); its path."""
+    import subprocess
+    import sys
+
+    target = directory / "tiny_h32_mcore"
+    if not (target / "metadata.json").exists():
+        command = [sys.executable, "-m", "verl.models.mcore.dist_checkpoint", "--hf_model_path", model_path]
+        subprocess.run([*command, "--output_path", str(target), "--dtype", "float32"], check=True)
+    return str(target)
+
+
 def write_inputs(directory: Path) -> dict[str, str]:
-    """The model (and a LoRA adapter of it) and the data files of the scripts on this machine: {"model": path,
-    "adapter": path, "train": path, "test": path}."""
+    """The model (a LoRA adapter of it, its megatron-core checkpoint) and the data files of the scripts on this
+    machine: {"model": path, "adapter": path, "dist_checkpoint": path, "train": path, "test": path}."""
     model = write_model(directory)
-    return {"model": model, "adapter": write_adapter(directory, model), **write_data_files(directory)}
+    return {
+        "model": model,
+        "adapter": write_adapter(directory, model),
+        "dist_checkpoint": write_dist_checkpoint(directory, model),
+        **write_data_files(directory),
+    }
 
 
 def _num_files(value: str) -> int:
@@ -165,6 +186,8 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
             value = inputs["model"]
         elif eq and bare == _ADAPTER_PATH_KEY and value not in ("null", "None", ""):
             value = inputs["adapter"]
+        elif eq and last == _DIST_CHECKPOINT_KEY and value not in ("null", "None", ""):
+            value = inputs["dist_checkpoint"]
         elif eq and bare in _DATA_FILE_KEYS:
             path = inputs[_DATA_FILE_KEYS[bare]]
             count = _num_files(value)

@@ -1,7 +1,7 @@
 """One training step of a verl example script on the tiny model: ``python -m tests.trainer.verl_scripts.one_step``
-runs it for every script that passes start-up validation (about 40 minutes on 2 cores; the test
-``tests/trainer/test_verl_scripts_one_step.py`` runs twelve of them) and prints one line per script: ``OK`` or the
-error lines of the run.
+runs it for every script that passes start-up validation (about 40 minutes on 2 cores; ``--only NAME ...`` for those
+whose path contains a NAME; the test ``tests/trainer/test_verl_scripts_one_step.py`` runs thirteen of them) and prints
+one line per script: ``OK`` or the error lines of the run.
 
 The normalised script (:func:`~tests.trainer.verl_scripts.harness.normalise`) is shrunk to a step a 2-core CPU runs
 in seconds (:data:`SMALL_STEP`): 8 prompts of at most 64 tokens, responses of at most 8, the micro-batch sizes that
@@ -72,12 +72,15 @@ def run_one_step(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
+    parser.add_argument("--only", nargs="+", default=None, help="run only the scripts whose path contains one of these")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     lines = []
     with tempfile.TemporaryDirectory(prefix="verl_scripts_one_step_") as tmp:
         inputs = write_inputs(Path(tmp) / "inputs")
         for number, script in enumerate(load_scripts()):
+            if args.only and not any(part in script.name for part in args.only):
+                continue
             try:
                 start_up_check(script, inputs)
             except ValueError:

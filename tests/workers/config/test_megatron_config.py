@@ -156,7 +156,6 @@ def test_transformer_overrides_reach_the_builder_with_sequence_parallel_where_it
             f"{A}.megatron.override_transformer_config.recompute_granularity=selective",
             r"override_transformer_config.recompute_granularity='selective' recomputes single modules .*CUDA only",
         ),
-        (f"{A}.megatron.use_dist_checkpointing=true", r"use_dist_checkpointing=true needs CUDA"),
         (f"{A}.megatron.use_distributed_optimizer=true", r"use_distributed_optimizer=true shards .* torch.optim"),
     ],
 )

@@ -7,9 +7,11 @@ the top level, which is also the layout written here, so either loads the other'
 reads only its own shards, so a checkpoint written at one layout loads at another. With an optimizer, its state
 is saved beside the model under ``optimizer`` (megatron-core's optimizer only).
 
-megatron-core 0.16's ``torch_dist`` strategy calls CUDA (``torch.cuda.synchronize`` when staging tensors,
-``torch.cuda.current_device`` when finishing a save), so everything here needs CUDA: :func:`require_cuda` says so
-on CPU. Convert a Hugging Face model once, on a GPU machine::
+On a GPU the writes go through megatron-core's own ``torch_dist`` save strategy. That strategy calls CUDA
+(``torch.cuda.synchronize`` when staging tensors, ``torch.cuda.current_device`` when finishing), so without CUDA
+:func:`cpu_save_strategy` writes the same format with ``torch.distributed.checkpoint``'s plain file writer: the
+same translation of megatron-core's sharded tensors, the same save planner, one synchronous write. Loading needs
+no CUDA. Convert a Hugging Face model once (on a GPU or on the CPU)::
 
     python -m verl.models.mcore.dist_checkpoint --hf_model_path Qwen/Qwen2.5-0.5B --output_path /ckpt/qwen-mcore
 """
@@ -31,18 +33,31 @@ logger = logging.getLogger(__name__)
 OPTIMIZER_KEY = "optimizer"
 
 
-def require_cuda(what: str) -> None:
-    """Raise ``ValueError`` naming ``what`` when CUDA is not available.
+def cpu_save_strategy() -> Any:
+    """A ``TorchDistSaveShardedStrategy`` whose ``save`` writes through ``FileSystemWriter`` (no CUDA calls).
 
-    Raises:
-        ValueError: no CUDA device.
+    The translation of megatron-core's sharded tensors (one key per shard, main replicas only) and the save planner
+    are megatron-core's, so the files and ``metadata.json`` are those of its own strategy and load with its
+    ``TorchDistLoadShardedStrategy``.
     """
-    if not torch.cuda.is_available():
-        raise ValueError(
-            f"{what} needs CUDA: megatron-core 0.16's torch_dist checkpoint strategy calls CUDA "
-            "(torch.cuda.synchronize, current_device). Run it on a GPU machine, or use Hugging Face weights "
-            "(use_dist_checkpointing=false)."
-        )
+    from megatron.core.dist_checkpointing.strategies import torch as torch_dist
+    from torch.distributed import checkpoint as dcp
+
+    class CpuTorchDistSave(torch_dist.TorchDistSaveShardedStrategy):
+        def save(self, sharded_state_dict: dict[str, Any], checkpoint_dir: Path) -> None:
+            sharded, _, _ = torch_dist._replace_state_dict_keys_with_sharded_keys(
+                sharded_state_dict, self.keep_only_main_replica
+            )
+            planner = torch_dist.MCoreSavePlanner(
+                dedup_replicated_tensors=not self.keep_only_main_replica, flatten_state_dict=False
+            )
+            dcp.save(
+                torch_dist.mcore_to_pyt_state_dict(sharded, False),
+                storage_writer=dcp.FileSystemWriter(checkpoint_dir, thread_count=1),
+                planner=planner,
+            )
+
+    return CpuTorchDistSave("torch_dist", 1)
 
 
 def _model_sharded_state_dict(model: torch.nn.Module, prefix: str, is_value_model: bool) -> dict[str, Any]:
@@ -66,18 +81,16 @@ def save_dist_checkpoint(
         optimizer: a megatron-core optimizer whose state to save beside the weights, or None.
         prefix: a prefix for the model's keys (NeMo 2 writes ``module.``).
 
-    Raises:
-        ValueError: no CUDA.
     """
     from megatron.core import dist_checkpointing
 
-    require_cuda("saving a megatron-core distributed checkpoint")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     sharded = _model_sharded_state_dict(model, prefix, is_value_model=False)
     if optimizer is not None:
         sharded[OPTIMIZER_KEY] = optimizer.sharded_state_dict(dict(sharded))
-    dist_checkpointing.save(sharded, str(directory), async_sharded_save=False)
+    strategy = None if torch.cuda.is_available() else cpu_save_strategy()
+    dist_checkpointing.save(sharded, str(directory), sharded_strategy=strategy, async_sharded_save=False)
 
 
 def load_dist_checkpoint(
@@ -101,12 +114,11 @@ def load_dist_checkpoint(
         is_value_model: a critic: the checkpoint's LM head is skipped (the value head stays as built).
 
     Raises:
-        ValueError: no CUDA, or no checkpoint at ``directory``.
+        ValueError: no checkpoint at ``directory``.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import StrictHandling
 
-    require_cuda("loading a megatron-core distributed checkpoint")
     directory = Path(directory)
     if not (directory / "metadata.json").is_file():
         raise ValueError(
@@ -123,7 +135,11 @@ def load_dist_checkpoint(
     missing = [key for key in missing if not key.endswith("_extra_state")]
     if is_value_model:
         missing = [key for key in missing if "output_layer" not in key]
-    assert not missing and not unexpected, f"checkpoint keys do not match the model: {missing} / {unexpected}"
+    if missing or unexpected:
+        raise ValueError(
+            f"the megatron-core checkpoint {directory} does not fit the model: keys it lacks {missing}, keys the "
+            f"model lacks {unexpected}. Convert the checkpoint from the model of actor_rollout_ref.model.path."
+        )
     if optimizer is not None:
         optimizer.load_state_dict(optimizer_state)
     logger.info("loaded megatron-core distributed checkpoint %s", directory)
@@ -138,15 +154,14 @@ def convert_hf_to_dist_checkpoint(hf_model_path: str, output_path: str, dtype: t
         dtype: the dtype of the saved weights.
 
     Raises:
-        ValueError: no CUDA, or an architecture the converter does not support.
+        ValueError: an architecture the converter does not support.
     """
     from verl.models.loading import load_hf_causal_lm
     from verl.models.mcore import build_gpt_model, ensure_model_parallel_initialized, load_hf_weights_into_mcore
 
-    require_cuda("converting a Hugging Face model into a megatron-core distributed checkpoint")
     ensure_model_parallel_initialized(tp=1, pp=1)
     hf_model = load_hf_causal_lm(hf_model_path, dtype=torch.float32, device="cpu")
-    model = build_gpt_model(hf_model.config, dtype, "cuda")
+    model = build_gpt_model(hf_model.config, dtype, "cuda" if torch.cuda.is_available() else "cpu")
     load_hf_weights_into_mcore(model, hf_model.state_dict(), hf_model.config)
     save_dist_checkpoint(model, output_path)
     logger.info("wrote %s from %s", output_path, hf_model_path)

@@ -103,13 +103,15 @@ def build_megatron_actor(
         _load_dist_checkpoint(model, actor_config.megatron)
     elif hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
-    lora_note = ""
+    notes = ""
+    if actor_config.megatron.use_dist_checkpointing:
+        notes += f", initial weights from {actor_config.megatron.dist_checkpointing_path}"
     if trainable and lora is not None and lora.rank > 0:
-        lora_note = _add_lora(model, lora, seed=actor_config.megatron.seed)
+        notes += _add_lora(model, lora, seed=actor_config.megatron.seed)
     if not trainable:
         model.eval().requires_grad_(False)
         actor = MegatronPPOActor(actor_config, model, params_in_compute_dtype=use_megatron, rank=rank)
-        actor.training_path = f"frozen reference, {param_dtype} parameters on {device}"
+        actor.training_path = f"frozen reference, {param_dtype} parameters on {device}{notes}"
         return actor
     optim_config = actor_config.optim
     if use_megatron:
@@ -136,7 +138,7 @@ def build_megatron_actor(
         hf_config=hf_config,
         **build_loop_parts(actor_config, rank=rank),
     )
-    actor.training_path = f"{path} on {device}{lora_note}"
+    actor.training_path = f"{path} on {device}{notes}"
     logger.info("megatron actor: %s", actor.training_path)
     return actor
 

@@ -357,12 +357,6 @@ class MegatronConfig(BaseConfig):
                     )
         if device_type == "cuda":
             return
-        if self.use_dist_checkpointing:
-            raise ValueError(
-                f"{key}.use_dist_checkpointing=true needs CUDA: megatron-core 0.16's torch_dist checkpoint strategy "
-                "calls CUDA (torch.cuda.synchronize, current_device). On CPU set it to false (the weights then come "
-                "from actor_rollout_ref.model.path), or run with trainer.device=cuda."
-            )
         fused = [name for name, value in self._transformer_items() if name in CUDA_KERNEL_FUSIONS and value]
         if fused:
             logger.info(

@@ -120,12 +120,6 @@ def build_megatron_critic(
         )
     megatron.check_device(device.type, f"{CriticConfig.KEY}.megatron")
     megatron.training_path(device.type, f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
-    if megatron.is_model_parallel:
-        raise ValueError(
-            f"{CriticConfig.KEY}.megatron: tensor/pipeline parallel sizes {megatron.tensor_model_parallel_size}/"
-            f"{megatron.pipeline_model_parallel_size}: the megatron critic is not split over ranks yet; set both to 1 "
-            "and scale it out with data parallelism (trainer.n_gpus_per_node)."
-        )
     overrides = megatron.transformer_overrides(device.type)
     model = build_gpt_model(hf_config, torch.float32, device, seed=megatron.seed, **overrides)
     if megatron.use_dist_checkpointing:
@@ -144,5 +138,9 @@ def build_megatron_critic(
         total_training_steps=total_training_steps,
         process_group=process_group,
     )
-    logger.info("megatron critic: float32 master weights, %s compute, torch.optim adapter on %s", dtype, device)
-    return MegatronPPOCritic(critic_config, model, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank))
+    critic = MegatronPPOCritic(critic_config, model, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank))
+    critic.training_path = f"float32 master weights, {dtype} compute, torch.optim adapter on {device}"
+    if megatron.use_dist_checkpointing:
+        critic.training_path += f", initial weights from {megatron.dist_checkpointing_path}"
+    logger.info("megatron critic: %s", critic.training_path)
+    return critic
