@@ -221,3 +221,91 @@ def dist_checkpoint_layouts(rank: int, world_size: int, port: int, tp: int, save
     result_queue.put((rank, result, error))
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def critic_update(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
+    """The megatron critic split over ``tp`` ranks: values, one update, its grad norm, the gathered weights (the
+    value head included) and the values after it; then a checkpoint round trip into a critic of other weights."""
+    result, error = {}, None
+    try:
+        _init(rank, world_size, port, tp)
+        from megatron.core import parallel_state
+
+        from tests.workers.actor.conftest import tiny_qwen2
+        from tests.workers.critic.conftest import critic_config, value_batch
+        from verl.models.mcore.tensor_parallel import gather_state_dict
+        from verl.workers.critic.megatron_critic import build_megatron_critic
+
+        hf_model = tiny_qwen2(seed=0)
+
+        def make(seed):
+            megatron = {"tensor_model_parallel_size": tp}
+            cfg = critic_config(strategy="megatron", megatron=megatron, seed=seed, optim={"lr": 1e-2})
+            state = tiny_qwen2(seed=seed).state_dict()  # seed 0: the LM both layouts start from
+            return build_megatron_critic(
+                hf_model.config,
+                cfg,
+                total_training_steps=10,
+                hf_state_dict=state,
+                rank=rank,
+                process_group=dist.group.WORLD,
+            )
+
+        critic = make(0)
+        batch = value_batch(seed=0)
+        values = critic.compute_values(batch)
+        metrics = critic.update_critic(batch)
+        state = {k: v for k, v in critic.model_module().state_dict().items() if torch.is_tensor(v)}
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+        whole = gather_state_dict(state, tp_group, tp)
+        result = {
+            "values": values.numpy().tobytes(),
+            "grad_norm": metrics["critic/grad_norm"],
+            "weights": {k: v.float().numpy().tobytes() for k, v in whole.items()},
+            "shapes": {k: tuple(v.shape) for k, v in whole.items()},
+            "after": critic.compute_values(batch).numpy().tobytes(),
+        }
+        critic.save_checkpoint(ckpt_dir)
+        dist.barrier()
+        fresh = make(5)
+        fresh.load_checkpoint(ckpt_dir)
+        result["after_resume"] = fresh.compute_values(batch).numpy().tobytes()
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def sequence_parallel_step(rank: int, world_size: int, port: int, tp: int, result_queue) -> None:
+    """One AmpOptimizer step (SGD, lr 1, no clipping) on a tensor-parallel group of 2: a layer-norm-like weight
+    megatron marks ``sequence_parallel`` whose gradient is rank + 1 per element (each rank saw part of the
+    sequence), a split weight whose gradient is 1 per element, a replicated one with gradient 2 per element."""
+    result, error = {}, None
+    try:
+        _init(rank, world_size, port, tp)
+        from megatron.core import parallel_state
+
+        from verl.utils.amp_optimizer import AmpOptimizer
+
+        norm_weight = torch.nn.Parameter(torch.zeros(3))
+        norm_weight.sequence_parallel = True
+        split = torch.nn.Parameter(torch.zeros(2))
+        split.tensor_model_parallel = True
+        replicated = torch.nn.Parameter(torch.zeros(4))
+        optimizer = AmpOptimizer(
+            torch.optim.SGD([norm_weight, split, replicated], lr=1.0),
+            clip_grad=0.0,
+            process_group=parallel_state.get_data_parallel_group(),
+            tensor_parallel_group=parallel_state.get_tensor_model_parallel_group(),
+        )
+        norm_weight.grad = torch.full((3,), float(rank + 1))
+        split.grad = torch.ones(2)
+        replicated.grad = torch.full((4,), 2.0)
+        ok, grad_norm, _ = optimizer.step()
+        result = {"ok": ok, "grad_norm": grad_norm, "norm_weight": norm_weight.detach().tolist()}
+    except Exception:  # report, so that the test fails with the real cause instead of a timeout
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -15,10 +15,12 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.special_distributed.megatron_tp_workers import (
+    critic_update,
     dist_checkpoint_layouts,
     fused_update,
     lora_update,
     nan_on_one_rank,
+    sequence_parallel_step,
     update_and_checkpoint,
 )
 from tests.tolerances import decoder_reduction_length, reordering_tolerance
@@ -181,3 +183,41 @@ def test_dist_checkpoints_load_at_another_tensor_parallel_size(tmp_path):
     for rank in (0, 1):
         assert split[rank][0]["loaded"] == split[rank][0]["converted"]
         assert split[rank][0]["weights"] == split[rank][0]["want_weights"]
+
+
+def test_tp2_critic_equals_tp1_critic(tmp_path):
+    """The megatron critic split over 2 ranks: values, the update and its grad norm as the whole critic's, the value
+    head whole on both ranks (one copy in the gathered weights), and a resume from the shards."""
+    whole = run_ranks(critic_update, 1, 1, str(tmp_path / "tp1"))[0][0]
+    split = run_ranks(critic_update, 2, 2, str(tmp_path / "tp2"))
+    want = as_tensor(whole["values"])
+    assert want.abs().max() > 0  # the seeded head gives values away from 0
+    for rank in (0, 1):
+        report = split[rank][0]
+        torch.testing.assert_close(as_tensor(report["values"]), want, atol=tolerance(want), rtol=0)
+        assert report["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
+        # the gathered model has the whole model's shapes: a (1, hidden) head, not one row per rank
+        assert report["shapes"] == whole["shapes"] and report["shapes"]["output_layer.value.weight"] == (1, 32)
+        for name, data in whole["weights"].items():
+            # AdamW's first step moves each weight by about lr = 1e-2 whatever its gradient's size (see above); the
+            # key bias' gradient is rounding noise, which Adam turns into a step of any size up to lr
+            atol = 1e-2 if name.endswith("linear_qkv.bias") else 1e-5
+            torch.testing.assert_close(as_tensor(report["weights"][name]), as_tensor(data), atol=atol, rtol=0, msg=name)
+        after = as_tensor(report["after"])
+        torch.testing.assert_close(after, as_tensor(whole["after"]), atol=1e-4, rtol=0)
+        assert report["after_resume"] == report["after"]  # the shards and the optimizer state came back
+    assert split[0][0]["weights"]["output_layer.value.weight"] == split[1][0]["weights"]["output_layer.value.weight"]
+
+
+def test_sequence_parallel_weights_get_the_gradient_of_the_whole_sequence():
+    """The torch.optim adapter with sequence parallelism (megatron-core's layer norms see part of the sequence on
+    each rank): their gradients are summed over the tensor-parallel group before the norm and the step."""
+    reports = run_ranks(sequence_parallel_step, 2, 2)
+    for rank in (0, 1):
+        report = reports[rank][0]
+        assert report["ok"]
+        # summed gradient 1 + 2 = 3 per element, SGD lr 1 from 0: -3 on both ranks (without the sum: -1 and -2)
+        assert report["norm_weight"] == [-3.0, -3.0, -3.0]
+        # squares: norm weight 3 x 3^2 = 27 (replicated after the sum, once), split 2 x 1^2 on each of 2 ranks = 4,
+        # replicated 4 x 2^2 = 16: sqrt(47)
+        assert report["grad_norm"] == pytest.approx(47**0.5)

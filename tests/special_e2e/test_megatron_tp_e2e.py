@@ -1,5 +1,5 @@
-"""``main_ppo`` with the megatron actor split over 2 tensor-parallel CPU ranks (gloo): one data-parallel rank whose
-two ranks share every batch, checkpoint shards per rank, and a resume from them."""
+"""``main_ppo`` with the megatron actor (and, for PPO, the critic) split over 2 tensor-parallel CPU ranks (gloo): one
+data-parallel rank whose two ranks share every batch, checkpoint shards per rank, and a resume from them."""
 
 import pytest
 from safetensors.torch import load_file
@@ -38,6 +38,32 @@ def test_tensor_parallel_run_trains_saves_shards_and_resumes(tmp_path):
     assert (actor_dir / "huggingface" / "model.safetensors").is_file()
 
     second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *TP2)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stderr + second.stdout
+    assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
+
+
+def test_ppo_with_a_tensor_parallel_critic_trains_saves_shards_and_resumes(tmp_path):
+    ppo = [o for o in TP2 if not o.startswith("algorithm.adv_estimator")] + [
+        "algorithm.adv_estimator=gae",
+        "critic.strategy=megatron",
+        "critic.megatron.tensor_model_parallel_size=2",
+    ]
+    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *ppo)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "MegatronPPOCritic (float32 master weights" in first.stderr
+    assert "tensor parallel over 2 ranks" in first.stderr
+    records = train_records(out_dir)
+    assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
+    critic_dir = out_dir / "global_step_2" / "critic"
+    shards = [load_file(critic_dir / f"mp_rank_{rank:02d}" / "model.safetensors") for rank in (0, 1)]
+    whole = load_file(critic_dir / "model.safetensors")
+    # the value head is whole on each rank and once in the gathered weights; the MLP's down projection is split
+    assert shards[0]["output_layer.value.weight"].shape == whole["output_layer.value.weight"].shape
+    key = "decoder.layers.0.mlp.linear_fc2.weight"
+    assert shards[0][key].shape[1] * 2 == whole[key].shape[1]
+
+    second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *ppo)
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from" in second.stderr + second.stdout
     assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]

@@ -17,7 +17,8 @@ Tensor parallelism (megatron-core's layers, each rank holding a shard of the wei
 global over the shards, each weight counted once (a weight megatron marks ``tensor_model_parallel`` adds its
 shard's squares over the tensor-parallel group; a replicated one, identical on every rank, is counted once), and
 the verdict is all-reduced over the whole world (every tensor- and data-parallel rank), so a NaN on one shard makes
-every rank skip the same step.
+every rank skip the same step. With sequence parallelism the weights megatron marks ``sequence_parallel`` get
+their gradients summed over the tensor-parallel group first (each rank saw part of the sequence).
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ class AmpOptimizer:
         world = self._world_size()
         if world > 1:
             self._all_reduce_grads(world)
+        if self.tensor_parallel_group is not None:
+            self._sum_sequence_parallel_grads()
         params = [p for p in self.params if p.grad is not None]
         if self.loss_scale is not None:
             inv_scale = 1.0 / self.loss_scale.scale
@@ -160,11 +163,13 @@ class AmpOptimizer:
 
     def _tensor_parallel_norm(self, params: list[torch.Tensor]) -> torch.Tensor:
         """Global L2 norm of a tensor-parallel model's gradients: split weights' squares summed over the group,
-        replicated weights (identical on every rank of the group) counted once."""
-        split = torch.zeros((), dtype=torch.float32)
-        replicated = torch.zeros((), dtype=torch.float32)
+        replicated weights (identical on every rank of the group) counted once. Computed where the gradients
+        are (an NCCL group reduces device tensors only), with one host sync in the caller."""
+        device = params[0].grad.device if params else torch.device("cpu")
+        split = torch.zeros((), dtype=torch.float32, device=device)
+        replicated = torch.zeros((), dtype=torch.float32, device=device)
         for param in params:
-            squares = param.grad.detach().float().pow(2).sum().cpu()
+            squares = param.grad.detach().float().pow(2).sum()
             if getattr(param, "tensor_model_parallel", False):
                 split += squares
             else:
@@ -172,22 +177,20 @@ class AmpOptimizer:
         dist.all_reduce(split, group=self.tensor_parallel_group)
         return (split + replicated).sqrt()
 
+    def _sum_sequence_parallel_grads(self) -> None:
+        """Weights megatron marks ``sequence_parallel`` (the layer norms, with sequence parallelism on) see only
+        this rank's part of the sequence: their gradients are summed over the tensor-parallel group, as
+        megatron-core's DDP does when it finishes a backward, so that the replicated weights stay equal."""
+        grads = [p.grad for p in self.params if p.grad is not None and getattr(p, "sequence_parallel", False)]
+        _all_reduce_in_place(grads, self.tensor_parallel_group)
+
     def _world_size(self) -> int:
         if not (dist.is_available() and dist.is_initialized()):
             return 1
         return dist.get_world_size(self.process_group)
 
     def _all_reduce_grads(self, world: int) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.process_group)
-        flat /= world
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+        _all_reduce_in_place([p.grad for p in self.params if p.grad is not None], self.process_group, divide_by=world)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -204,6 +207,20 @@ class AmpOptimizer:
     @property
     def param_groups(self):
         return self.optimizer.param_groups
+
+
+def _all_reduce_in_place(grads: list[torch.Tensor], group: Any, divide_by: int = 1) -> None:
+    """Sum ``grads`` over ``group`` in one flat all-reduce (divided by ``divide_by``: a mean over its ranks)."""
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    if divide_by != 1:
+        flat /= divide_by
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
 
 
 def adamw_kwargs(optim: OptimConfig) -> dict[str, Any]:

@@ -119,14 +119,20 @@ class _ModelWorker(Worker):
         """Close the profiling window; returns the files this rank wrote."""
         return self.profiler.stop()
 
+    def _model_parallel_size(self) -> int:
+        """Over how many ranks one copy of the trained model is split (1 here; megatron tensor parallelism)."""
+        return 1
+
     def data_parallel_layout(self) -> tuple[int, bool]:
         """(this rank's data-parallel rank, whether it returns its group's results); called by the driver after
-        ``init_model``. Every rank is its own data-parallel rank here; a model split over ranks overrides it."""
-        return self.rank, True
+        ``init_model``. The ranks of one model-parallel group (consecutive ranks, as megatron-core groups them)
+        form one data-parallel rank: they get the same rows, and the group's first rank returns the results."""
+        size = self._model_parallel_size()
+        return self.rank // size, self.rank % size == 0
 
     def _dp_size(self) -> int:
         """How many data-parallel ranks split a batch (the world, unless a model is split over ranks)."""
-        return self.world_size
+        return self.world_size // self._model_parallel_size()
 
     def _device(self) -> str:
         return next(self._trained().model_module().parameters()).device.type
@@ -164,11 +170,13 @@ class _ModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
-        """Rank 0 writes the model and its training state (data-parallel ranks hold identical copies); every rank
-        writes its own random state."""
+        """Rank 0 writes the model and its training state (data-parallel ranks hold identical copies), or every rank
+        of a model split over ranks its part (a collective, see :mod:`verl.workers.actor.megatron_checkpoint`);
+        every rank writes its own random state."""
         directory = Path(directory)
-        if self.rank == 0:
+        if self.rank == 0 or self._model_parallel_size() > 1:
             self._trained().save_checkpoint(directory)
+        if self.rank == 0:
             self._save_extras(directory)
         if dist.is_initialized():
             dist.barrier()  # the directory exists once rank 0 is through

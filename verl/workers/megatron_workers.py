@@ -4,19 +4,18 @@ Which training path runs (megatron-core's optimizer, DDP and schedules on CUDA; 
 is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it. A rollout with its own
 copy of the weights (``vllm``) gets them through the megatron -> Hugging Face converter, layer by layer.
 
-Tensor parallelism (``actor.megatron.tensor_model_parallel_size``): the ranks of one tensor-parallel group hold
-shards of one model, so they form one data-parallel rank: :meth:`data_parallel_layout` tells the driver to hand
-them the same rows and to take the results from the group's tensor-parallel rank 0; they sample alike (the same
-seed, the same gathered logits). Checkpoints are collective (per-rank shards plus the gathered weights).
+Tensor parallelism (``actor.megatron.tensor_model_parallel_size``, ``critic.megatron.tensor_model_parallel_size``):
+the ranks of one tensor-parallel group hold shards of one model, so they form one data-parallel rank: the base
+worker's ``data_parallel_layout`` tells the driver to hand them the same rows and to take the results from the
+group's tensor-parallel rank 0; they sample alike (the same seed, the same gathered logits). Checkpoints are
+collective (per-rank shards plus the gathered weights).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
@@ -39,28 +38,25 @@ def _load_hf(model_config):
     )
 
 
+def _join_model_parallel_groups(worker, megatron) -> None:
+    """Join torch.distributed and megatron-core's groups at ``megatron``'s sizes, before a model is built."""
+    from verl.models.mcore import ensure_model_parallel_initialized
+
+    setup_worker_process(worker)
+    ensure_model_parallel_initialized(tp=megatron.tensor_model_parallel_size, pp=1)
+
+
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     """Actor, rollout and reference over a megatron-core GPTModel, split over ``tensor_model_parallel_size``
     ranks."""
 
-    def _tensor_parallel_size(self) -> int:
+    def _model_parallel_size(self) -> int:
         return self.config.actor_rollout_ref.actor.megatron.tensor_model_parallel_size
-
-    def data_parallel_layout(self) -> tuple[int, bool]:
-        """(data-parallel rank, collects): megatron-core puts consecutive ranks in one tensor-parallel group."""
-        tp = self._tensor_parallel_size()
-        return self.rank // tp, self.rank % tp == 0
-
-    def _dp_size(self) -> int:
-        return self.world_size // self._tensor_parallel_size()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
         """Join torch.distributed and megatron-core's groups before the base worker builds the models."""
-        from verl.models.mcore import ensure_model_parallel_initialized
-
-        setup_worker_process(self)
-        ensure_model_parallel_initialized(tp=self._tensor_parallel_size(), pp=1)
+        _join_model_parallel_groups(self, self.config.actor_rollout_ref.actor.megatron)
         description = super().init_model()
         # megatron.*_offload: the parts each section selects wait in host memory until a phase needs them
         arr = self.config.actor_rollout_ref
@@ -101,19 +97,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
-        """A split model saves collectively (every rank its shards, see
-        :mod:`verl.workers.actor.megatron_checkpoint`); a whole one as the base worker does."""
         with offload_phase(self.actor, training=True):
-            if self._tensor_parallel_size() == 1:
-                return super().save_checkpoint(directory)
-            directory = Path(directory)
-            self._trained().save_checkpoint(directory)
-            if self.rank == 0:
-                self._save_extras(directory)
-            dist.barrier()
-            directory.mkdir(parents=True, exist_ok=True)
-            self._save_rank_state(directory)
-            dist.barrier()
+            return super().save_checkpoint(directory)
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> MegatronPPOActor:
         from verl.workers.actor.megatron_builder import build_megatron_actor
@@ -150,7 +135,11 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
 
 class MegatronCriticWorker(CriticWorker):
-    """The critic as a megatron-core GPTModel with a value head."""
+    """The critic as a megatron-core GPTModel with a value head, split over ``critic.megatron.
+    tensor_model_parallel_size`` ranks."""
+
+    def _model_parallel_size(self) -> int:
+        return self.config.critic.megatron.tensor_model_parallel_size
 
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.megatron_critic import build_megatron_critic
@@ -168,6 +157,7 @@ class MegatronCriticWorker(CriticWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
+        _join_model_parallel_groups(self, self.config.critic.megatron)
         description = super().init_model()
         attach_offloader(self.critic, self.config.critic.megatron)  # critic.megatron.*_offload
         return description

@@ -37,7 +37,7 @@ def test_values_have_the_response_shape_and_the_head_replaces_the_vocabulary():
     assert isinstance(critic.model.output_layer, MegatronValueHead)
     # the output is one column wide (hidden 32 -> 1), and the embedding is no longer passed to it
     output = {name: tuple(p.shape) for name, p in critic.model.named_parameters() if name.startswith("output_layer")}
-    assert output == {"output_layer.weight": (1, 32), "output_layer.bias": (1,)}
+    assert output == {"output_layer.value.weight": (1, 32), "output_layer.value.bias": (1,)}
     assert not critic.model.share_embeddings_and_output_weights
     assert {id(p) for p in critic.optimizer.params} == {id(p) for p in critic.model.parameters()}
 
@@ -113,13 +113,24 @@ def test_checkpoint_round_trip(tmp_path):
     torch.testing.assert_close(resumed.compute_values(batch), critic.compute_values(batch))
 
 
+def test_a_checkpoint_with_the_flat_head_keys_of_earlier_versions_loads(tmp_path):
+    critic = make_critic()
+    state = critic.model.state_dict()
+    # earlier versions' head was the Linear itself: output_layer.weight / output_layer.bias
+    flat = {k.replace("output_layer.value.", "output_layer."): v + 1 for k, v in state.items() if torch.is_tensor(v)}
+    other = make_critic(seed=7)
+    missing, unexpected = other.model.load_state_dict(flat, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    torch.testing.assert_close(other.model.output_layer.value.weight, state["output_layer.value.weight"] + 1)
+
+
 def test_unavailable_paths_fail_with_a_clear_message():
     with pytest.raises(
         ValueError, match=r"critic\.megatron\.use_megatron_optimizer=true: .*no megatron-core optimizer path"
     ):
         make_critic(megatron={"use_megatron_optimizer": True})
-    with pytest.raises(ValueError, match=r"critic\.megatron: tensor/pipeline parallel sizes 2/1"):
-        make_critic(megatron={"tensor_model_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"critic\.megatron\.pipeline_model_parallel_size=2: .*pipeline stages"):
+        make_critic(megatron={"pipeline_model_parallel_size": 2})
     with pytest.raises(ValueError, match=r"critic\.megatron\.use_megatron_optimizer='yes' has the wrong type"):
         make_critic(megatron={"use_megatron_optimizer": "yes"})
     # a parallel size of 0 is refused, not silently turned into 1

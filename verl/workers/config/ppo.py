@@ -322,8 +322,8 @@ class PPOConfig(BaseConfig):
     # ------------------------------------------------------------------ cross-section rules
 
     def _check_megatron_layout(self) -> None:
-        """main_ppo runs megatron tensor parallelism (the actor's; ranks of a tensor-parallel group share their
-        data); pipeline stages and a split critic are refused here, before any worker starts."""
+        """main_ppo runs megatron tensor parallelism (the actor's and the critic's; the ranks of a tensor-parallel
+        group share their data); pipeline stages are refused here, before any worker starts."""
         actor = self.actor_rollout_ref.actor
         key = "actor_rollout_ref.actor.megatron"
         if actor.strategy == "megatron" and actor.megatron.pipeline_model_parallel_size > 1:
@@ -333,17 +333,23 @@ class PPOConfig(BaseConfig):
                 "and its workers' rollout and log-prob passes need the whole pipeline on a rank. Set it to 1 and use "
                 f"{key}.tensor_model_parallel_size and trainer.n_gpus_per_node instead."
             )
-        tp = actor.megatron.tensor_model_parallel_size if actor.strategy == "megatron" else 1
-        if self.world_size % tp:
-            raise ValueError(
-                f"{key}.tensor_model_parallel_size={tp} does not divide the {self.world_size} ranks "
-                "(trainer.nnodes x trainer.n_gpus_per_node); make the rank count a multiple of it."
-            )
-        if self.needs_critic and self.critic_strategy == "megatron" and self.critic.megatron.is_model_parallel:
-            raise ValueError(
-                "critic.megatron.tensor_model_parallel_size and pipeline_model_parallel_size must be 1: the megatron "
-                "critic is not split over ranks yet; scale it out with data parallelism (trainer.n_gpus_per_node)."
-            )
+        layouts = [(key, actor.megatron)] if actor.strategy == "megatron" else []
+        if self.needs_critic and self.critic_strategy == "megatron":
+            critic = self.critic.megatron
+            if critic.pipeline_model_parallel_size > 1:
+                raise ValueError(
+                    f"critic.megatron.pipeline_model_parallel_size={critic.pipeline_model_parallel_size}: the megatron "
+                    "critic is not split into pipeline stages; set it to 1 and split the critic with "
+                    "critic.megatron.tensor_model_parallel_size, or scale it out with trainer.n_gpus_per_node."
+                )
+            layouts.append(("critic.megatron", critic))
+        for section_key, megatron in layouts:
+            tp = megatron.tensor_model_parallel_size
+            if self.world_size % tp:
+                raise ValueError(
+                    f"{section_key}.tensor_model_parallel_size={tp} does not divide the {self.world_size} ranks "
+                    "(trainer.nnodes x trainer.n_gpus_per_node); make the rank count a multiple of it."
+                )
 
     def check(self) -> None:
         self._apply_async_sizes()

@@ -5,10 +5,15 @@ The model is the actor's GPTModel (same builder, same Hugging Face weights); aft
 ``Linear(hidden, 1)`` with the call signature GPTModel uses for its output layer, so the model's forward returns
 (B, S, 1) values where it returned logits. Training runs the torch.optim adapter
 (:class:`~verl.utils.amp_optimizer.AmpOptimizer`, fp32 master weights under autocast) under the shared critic loop
-and step contract, on the CPU path of :class:`~verl.workers.actor.backend.MegatronBackend`, on CPU and on one GPU
-per data-parallel rank. megatron-core's own optimizer, DDP and schedules
-are not wired up for the critic yet: asking for them (``critic.megatron.use_megatron_optimizer: true``) is a
-``ValueError`` that says so, and ``auto`` on CUDA falls back to the adapter with a warning.
+and step contract, on the CPU path of :class:`~verl.workers.actor.backend.MegatronBackend`, on CPU and on GPUs.
+
+Tensor parallelism (``critic.megatron.tensor_model_parallel_size``) splits the transformer layers as for the
+actor; the value head is whole on every rank of a tensor-parallel group (its input, the final hidden states, is
+the same there), so its gradients agree without a reduction and a checkpoint keeps it once. The critic runs
+without sequence parallelism: its value head takes whole sequences. Pipeline stages are not built for the critic.
+megatron-core's own optimizer, DDP and schedules are not wired up for the critic yet: asking for them
+(``critic.megatron.use_megatron_optimizer: true``) is a ``ValueError`` that says so, and ``auto`` on CUDA falls
+back to the adapter with a warning.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_into_mcore
+from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.workers.actor.backend import MegatronBackend
+from verl.workers.actor.megatron_builder import adapter_groups
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
 from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
@@ -28,22 +35,33 @@ from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_
 logger = logging.getLogger(__name__)
 
 
-class MegatronValueHead(torch.nn.Linear):
+class MegatronValueHead(torch.nn.Module):
     """``Linear(hidden, 1)`` callable like megatron's output layer: ``(hidden, weight=, runtime_gather_output=)``.
 
     GPTModel passes its tied embedding as ``weight`` and asks for gathered outputs; a value head has its own
-    weight and one output column, so both are ignored. Hidden states are not sequence-parallel here.
+    weight and one output column, so both are ignored. Hidden states are not sequence-parallel here. The linear
+    layer is the child ``value``, so its keys (``output_layer.value.weight``) are never taken for the
+    vocabulary-parallel ``output_layer.weight`` of a language model when a tensor-parallel state dict is gathered.
     """
 
     sequence_parallel = False
 
     def __init__(self, hidden_size: int, *, head_init_std: float = DEFAULT_HEAD_INIT_STD, seed: int = 1):
-        super().__init__(hidden_size, 1)
-        init_value_head_(self, seed=seed, std=head_init_std)
+        super().__init__()
+        self.value = torch.nn.Linear(hidden_size, 1)
+        init_value_head_(self.value, seed=seed, std=head_init_std)
+        self._register_load_state_dict_pre_hook(_rename_flat_head_keys)
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):
         """(S, B, H) -> ((S, B, 1) values, None), the (output, bias) pair megatron's linears return."""
-        return super().forward(hidden_states), None
+        return self.value(hidden_states), None
+
+
+def _rename_flat_head_keys(state_dict, prefix, *args) -> None:
+    """Checkpoints written before the head had its ``value`` child hold ``output_layer.weight`` / ``.bias``."""
+    for name in ("weight", "bias"):
+        if prefix + name in state_dict:
+            state_dict[f"{prefix}value.{name}"] = state_dict.pop(prefix + name)
 
 
 def attach_value_head(model: torch.nn.Module, *, head_init_std: float = DEFAULT_HEAD_INIT_STD, seed: int = 1):
@@ -102,26 +120,35 @@ def build_megatron_critic(
         total_training_steps: length of the LR schedule.
         hf_state_dict: the LM's weights (``*ForCausalLM`` state dict); None keeps a fresh initialisation.
         device: where the model lives.
-        rank: data-parallel rank.
-        process_group: the data-parallel group gradients are averaged over (None: the default group, if any).
+        rank: this worker's rank.
+        process_group: the group gradients are averaged over for a whole model (None: the default group, if
+            any); a model split over tensor-parallel ranks takes megatron-core's data-parallel group instead.
 
     Raises:
         ValueError: a parallel layout or ``use_megatron_optimizer`` value the critic cannot train (see module doc).
     """
     device = torch.device(device)
     dtype = TORCH_DTYPES[critic_config.dtype]
-    # the one chooser of the training path, told that the critic has no megatron-core optimizer path yet
     megatron = critic_config.megatron
-    if megatron.is_model_parallel:
+    key = f"{CriticConfig.KEY}.megatron"
+    if megatron.pipeline_model_parallel_size > 1:
         raise ValueError(
-            f"{CriticConfig.KEY}.megatron: tensor/pipeline parallel sizes {megatron.tensor_model_parallel_size}/"
-            f"{megatron.pipeline_model_parallel_size}: the megatron critic is not split over ranks yet; set both to 1 "
-            "and scale it out with data parallelism (trainer.n_gpus_per_node)."
+            f"{key}.pipeline_model_parallel_size={megatron.pipeline_model_parallel_size}: the megatron critic is not "
+            "split into pipeline stages; set it to 1 and split the critic with tensor_model_parallel_size, or scale "
+            "it out with data parallelism (trainer.n_gpus_per_node)."
         )
-    megatron.check_device(device.type, f"{CriticConfig.KEY}.megatron")
-    megatron.training_path(device.type, f"{CriticConfig.KEY}.megatron", has_megatron_optimizer_path=False)
+    megatron.check_device(device.type, key)
+    # the one chooser of the training path, told that the critic has no megatron-core optimizer path yet
+    megatron.training_path(device.type, key, has_megatron_optimizer_path=False)
+    tp = megatron.tensor_model_parallel_size
+    check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
     overrides = megatron.transformer_overrides(device.type)
-    model = build_gpt_model(hf_config, torch.float32, device, seed=megatron.seed, **overrides)
+    if overrides.get("sequence_parallel"):
+        logger.info("%s.sequence_parallel: the critic runs without it (its value head takes whole sequences)", key)
+    overrides["sequence_parallel"] = False
+    model = build_gpt_model(
+        hf_config, torch.float32, device, tensor_model_parallel_size=tp, seed=megatron.seed, **overrides
+    )
     if megatron.use_dist_checkpointing:
         from verl.models.mcore.dist_checkpoint import load_dist_checkpoint
 
@@ -136,10 +163,12 @@ def build_megatron_critic(
         critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
-        process_group=process_group,
+        **adapter_groups(tp, process_group),
     )
     critic = MegatronPPOCritic(critic_config, model, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank))
     critic.training_path = f"float32 master weights, {dtype} compute, torch.optim adapter on {device}"
+    if tp > 1:
+        critic.training_path += f", tensor parallel over {tp} ranks"
     if megatron.use_dist_checkpointing:
         critic.training_path += f", initial weights from {megatron.dist_checkpointing_path}"
     logger.info("megatron critic: %s", critic.training_path)
