@@ -5,6 +5,7 @@ converts its shards from are the same, and trains the megatron actor on the same
 tensor-parallel group share their data.
 """
 
+import functools
 import os
 import traceback
 
@@ -19,6 +20,27 @@ def _init(rank: int, world_size: int, port: int, tp: int) -> None:
     from verl.models.mcore import ensure_model_parallel_initialized
 
     ensure_model_parallel_initialized(tp=tp, pp=1)
+
+
+def _rank_process(body):
+    """A spawned rank's entry point from ``body(rank, tp, *args) -> dict``: join the gloo group and megatron-core's
+    groups, run the body, and put ``(rank, result, error)`` on the queue (the last argument) — the traceback as the
+    error, so that the test fails with the real cause instead of a timeout."""
+
+    @functools.wraps(body)
+    def entry(rank: int, world_size: int, port: int, tp: int, *args) -> None:
+        *args, result_queue = args
+        result, error = {}, None
+        try:
+            _init(rank, world_size, port, tp)
+            result = body(rank, tp, *args)
+        except Exception:
+            error = traceback.format_exc()
+        result_queue.put((rank, result, error))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    return entry
 
 
 def _actor(tp: int, rank: int, hf_model, lora=None, megatron=None, **overrides):
@@ -44,39 +66,33 @@ def _actor(tp: int, rank: int, hf_model, lora=None, megatron=None, **overrides):
     )
 
 
-def lora_update(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
+@_rank_process
+def lora_update(rank: int, tp: int, ckpt_dir: str) -> dict:
     """LoRA on the megatron actor: log-probs, one update, its grad norm, the merged weights, the adapters-off
     log-probs after the update; then a checkpoint round trip (shards with adapters, merged Hugging Face export)."""
-    result, error = {}, None
-    try:
-        _init(rank, world_size, port, tp)
-        from tests.workers.actor.conftest import megatron_lora, ppo_batch, tiny_qwen2
+    from tests.workers.actor.conftest import megatron_lora, ppo_batch, tiny_qwen2
 
-        hf_model = tiny_qwen2(seed=0)
-        actor = _actor(tp, rank, hf_model, lora=megatron_lora(lora_B_init_method="normal"))
-        batch = ppo_batch(seed=0)
-        log_probs, _ = actor.compute_log_prob(batch)
-        with actor.adapters_off()():
-            base, _ = actor.compute_log_prob(batch)
-        batch.batch["old_log_probs"] = log_probs
-        metrics = actor.update_policy(batch)
-        with actor.adapters_off()():
-            base_after, _ = actor.compute_log_prob(batch)
-        result = {
-            "log_probs": log_probs.numpy().tobytes(),
-            "base_moved": float((base_after - base).abs().max()),
-            "grad_norm": metrics["actor/grad_norm"],
-            "weights": _hf_bytes(actor, hf_model.config),
-            "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
-        }
-        if ckpt_dir:
-            lora = megatron_lora(lora_B_init_method="normal")
-            result.update(_round_trip(actor, lambda: _actor(tp, rank, hf_model, lora=lora), ckpt_dir, batch, rank))
-    except Exception:  # report, so that the test fails with the real cause instead of a timeout
-        error = traceback.format_exc()
-    result_queue.put((rank, result, error))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    hf_model = tiny_qwen2(seed=0)
+    actor = _actor(tp, rank, hf_model, lora=megatron_lora(lora_B_init_method="normal"))
+    batch = ppo_batch(seed=0)
+    log_probs, _ = actor.compute_log_prob(batch)
+    with actor.adapters_off()():
+        base, _ = actor.compute_log_prob(batch)
+    batch.batch["old_log_probs"] = log_probs
+    metrics = actor.update_policy(batch)
+    with actor.adapters_off()():
+        base_after, _ = actor.compute_log_prob(batch)
+    result = {
+        "log_probs": log_probs.numpy().tobytes(),
+        "base_moved": float((base_after - base).abs().max()),
+        "grad_norm": metrics["actor/grad_norm"],
+        "weights": _hf_bytes(actor, hf_model.config),
+        "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
+    }
+    if ckpt_dir:
+        lora = megatron_lora(lora_B_init_method="normal")
+        result.update(_round_trip(actor, lambda: _actor(tp, rank, hf_model, lora=lora), ckpt_dir, batch, rank))
+    return result
 
 
 def _round_trip(actor, make_actor, ckpt_dir: str, batch, rank: int) -> dict:
@@ -105,62 +121,49 @@ def _hf_bytes(actor, hf_config) -> dict[str, bytes]:
     return {k: v.float().numpy().tobytes() for k, v in export_mcore_to_hf(actor.model_module(), hf_config).items()}
 
 
-def update_and_checkpoint(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
+@_rank_process
+def update_and_checkpoint(rank: int, tp: int, ckpt_dir: str) -> dict:
     """Log-probs and entropy, one update, its grad norm and the updated weights; then a checkpoint round trip."""
-    result, error = {}, None
-    try:
-        _init(rank, world_size, port, tp)
-        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+    from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
 
-        hf_model = tiny_qwen2(seed=0)
-        actor = _actor(tp, rank, hf_model)
-        batch = ppo_batch(seed=0)
-        log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
-        batch.batch["old_log_probs"] = log_probs
-        metrics = actor.update_policy(batch)
-        after, _ = actor.compute_log_prob(batch)
-        result = {
-            "log_probs": log_probs.numpy().tobytes(),
-            "entropy": entropy.numpy().tobytes(),
-            "grad_norm": metrics["actor/grad_norm"],
-            "weights": _hf_bytes(actor, hf_model.config),
-            "after": after.numpy().tobytes(),
-        }
-        if ckpt_dir:
-            result.update(_round_trip(actor, lambda: _actor(tp, rank, hf_model), ckpt_dir, batch, rank))
-    except Exception:  # report, so that the test fails with the real cause instead of a timeout
-        error = traceback.format_exc()
-    result_queue.put((rank, result, error))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    hf_model = tiny_qwen2(seed=0)
+    actor = _actor(tp, rank, hf_model)
+    batch = ppo_batch(seed=0)
+    log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
+    batch.batch["old_log_probs"] = log_probs
+    metrics = actor.update_policy(batch)
+    after, _ = actor.compute_log_prob(batch)
+    result = {
+        "log_probs": log_probs.numpy().tobytes(),
+        "entropy": entropy.numpy().tobytes(),
+        "grad_norm": metrics["actor/grad_norm"],
+        "weights": _hf_bytes(actor, hf_model.config),
+        "after": after.numpy().tobytes(),
+    }
+    if ckpt_dir:
+        result.update(_round_trip(actor, lambda: _actor(tp, rank, hf_model), ckpt_dir, batch, rank))
+    return result
 
 
-def fused_update(rank: int, world_size: int, port: int, tp: int, result_queue) -> None:
+@_rank_process
+def fused_update(rank: int, tp: int) -> dict:
     """``model.use_fused_kernels``: log-probs and entropy from the fused output layer, one update, its grad norm and
     the updated weights (no checkpoint)."""
-    result, error = {}, None
-    try:
-        _init(rank, world_size, port, tp)
-        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+    from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
 
-        hf_model = tiny_qwen2(seed=0)
-        actor = _actor(tp, rank, hf_model, use_fused_kernels=True)
-        batch = ppo_batch(seed=0)
-        log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
-        batch.batch["old_log_probs"] = log_probs
-        metrics = actor.update_policy(batch)
-        result = {
-            "log_probs": log_probs.numpy().tobytes(),
-            "entropy": entropy.numpy().tobytes(),
-            "grad_norm": metrics["actor/grad_norm"],
-            "weights": _hf_bytes(actor, hf_model.config),
-            "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
-        }
-    except Exception:  # report, so that the test fails with the real cause instead of a timeout
-        error = traceback.format_exc()
-    result_queue.put((rank, result, error))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    hf_model = tiny_qwen2(seed=0)
+    actor = _actor(tp, rank, hf_model, use_fused_kernels=True)
+    batch = ppo_batch(seed=0)
+    log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
+    batch.batch["old_log_probs"] = log_probs
+    metrics = actor.update_policy(batch)
+    return {
+        "log_probs": log_probs.numpy().tobytes(),
+        "entropy": entropy.numpy().tobytes(),
+        "grad_norm": metrics["actor/grad_norm"],
+        "weights": _hf_bytes(actor, hf_model.config),
+        "after": actor.compute_log_prob(batch)[0].numpy().tobytes(),
+    }
 
 
 def nan_on_one_rank(rank: int, world_size: int, port: int, tp: int, result_queue) -> None:
@@ -195,117 +198,98 @@ def nan_on_one_rank(rank: int, world_size: int, port: int, tp: int, result_queue
         dist.destroy_process_group()
 
 
-def dist_checkpoint_layouts(rank: int, world_size: int, port: int, tp: int, save_dir: str, load_dir: str, result_queue):
+@_rank_process
+def dist_checkpoint_layouts(rank: int, tp: int, save_dir: str, load_dir: str) -> dict:
     """megatron-core distributed checkpoints across layouts: the actor converted from the Hugging Face weights writes
     its shards to ``save_dir`` (``save_dist_checkpoint``); an actor started with ``use_dist_checkpointing=true`` from
     ``load_dir`` (written at another tensor-parallel size, or empty) reports its log-probs and its gathered weights."""
-    result, error = {}, None
-    try:
-        _init(rank, world_size, port, tp)
-        from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
-        from verl.models.mcore.dist_checkpoint import save_dist_checkpoint
+    from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+    from verl.models.mcore.dist_checkpoint import save_dist_checkpoint
 
-        hf_model = tiny_qwen2(seed=0)
-        batch = ppo_batch(seed=0)
-        converted = _actor(tp, rank, hf_model)
-        save_dist_checkpoint(converted.model_module(), save_dir)
-        result["converted"] = converted.compute_log_prob(batch)[0].numpy().tobytes()
-        if load_dir:
-            megatron = {"use_dist_checkpointing": True, "dist_checkpointing_path": load_dir}
-            loaded = _actor(tp, rank, tiny_qwen2(seed=1), megatron=megatron)  # other weights unless the load works
-            result["loaded"] = loaded.compute_log_prob(batch)[0].numpy().tobytes()
-            result["weights"] = _hf_bytes(loaded, hf_model.config)
-            result["want_weights"] = _hf_bytes(converted, hf_model.config)
-    except Exception:  # report, so that the test fails with the real cause instead of a timeout
-        error = traceback.format_exc()
-    result_queue.put((rank, result, error))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    hf_model = tiny_qwen2(seed=0)
+    batch = ppo_batch(seed=0)
+    converted = _actor(tp, rank, hf_model)
+    save_dist_checkpoint(converted.model_module(), save_dir)
+    result = {"converted": converted.compute_log_prob(batch)[0].numpy().tobytes()}
+    if load_dir:
+        megatron = {"use_dist_checkpointing": True, "dist_checkpointing_path": load_dir}
+        loaded = _actor(tp, rank, tiny_qwen2(seed=1), megatron=megatron)  # other weights unless the load works
+        result["loaded"] = loaded.compute_log_prob(batch)[0].numpy().tobytes()
+        result["weights"] = _hf_bytes(loaded, hf_model.config)
+        result["want_weights"] = _hf_bytes(converted, hf_model.config)
+    return result
 
 
-def critic_update(rank: int, world_size: int, port: int, tp: int, ckpt_dir: str, result_queue) -> None:
+@_rank_process
+def critic_update(rank: int, tp: int, ckpt_dir: str) -> dict:
     """The megatron critic split over ``tp`` ranks: values, one update, its grad norm, the gathered weights (the
     value head included) and the values after it; then a checkpoint round trip into a critic of other weights."""
-    result, error = {}, None
-    try:
-        _init(rank, world_size, port, tp)
-        from megatron.core import parallel_state
+    from megatron.core import parallel_state
 
-        from tests.workers.actor.conftest import tiny_qwen2
-        from tests.workers.critic.conftest import critic_config, value_batch
-        from verl.models.mcore.tensor_parallel import gather_state_dict
-        from verl.workers.critic.megatron_critic import build_megatron_critic
+    from tests.workers.actor.conftest import tiny_qwen2
+    from tests.workers.critic.conftest import critic_config, value_batch
+    from verl.models.mcore.tensor_parallel import gather_state_dict
+    from verl.workers.critic.megatron_critic import build_megatron_critic
 
-        hf_model = tiny_qwen2(seed=0)
+    hf_model = tiny_qwen2(seed=0)
 
-        def make(seed):
-            megatron = {"tensor_model_parallel_size": tp}
-            cfg = critic_config(strategy="megatron", megatron=megatron, seed=seed, optim={"lr": 1e-2})
-            state = tiny_qwen2(seed=seed).state_dict()  # seed 0: the LM both layouts start from
-            return build_megatron_critic(
-                hf_model.config,
-                cfg,
-                total_training_steps=10,
-                hf_state_dict=state,
-                rank=rank,
-                process_group=dist.group.WORLD,
-            )
+    def make(seed):
+        megatron = {"tensor_model_parallel_size": tp}
+        cfg = critic_config(strategy="megatron", megatron=megatron, seed=seed, optim={"lr": 1e-2})
+        state = tiny_qwen2(seed=seed).state_dict()  # seed 0: the LM both layouts start from
+        return build_megatron_critic(
+            hf_model.config,
+            cfg,
+            total_training_steps=10,
+            hf_state_dict=state,
+            rank=rank,
+            process_group=dist.group.WORLD,
+        )
 
-        critic = make(0)
-        batch = value_batch(seed=0)
-        values = critic.compute_values(batch)
-        metrics = critic.update_critic(batch)
-        state = {k: v for k, v in critic.model_module().state_dict().items() if torch.is_tensor(v)}
-        tp_group = parallel_state.get_tensor_model_parallel_group()
-        whole = gather_state_dict(state, tp_group, tp)
-        result = {
-            "values": values.numpy().tobytes(),
-            "grad_norm": metrics["critic/grad_norm"],
-            "weights": {k: v.float().numpy().tobytes() for k, v in whole.items()},
-            "shapes": {k: tuple(v.shape) for k, v in whole.items()},
-            "after": critic.compute_values(batch).numpy().tobytes(),
-        }
-        critic.save_checkpoint(ckpt_dir)
-        dist.barrier()
-        fresh = make(5)
-        fresh.load_checkpoint(ckpt_dir)
-        result["after_resume"] = fresh.compute_values(batch).numpy().tobytes()
-    except Exception:  # report, so that the test fails with the real cause instead of a timeout
-        error = traceback.format_exc()
-    result_queue.put((rank, result, error))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    critic = make(0)
+    batch = value_batch(seed=0)
+    values = critic.compute_values(batch)
+    metrics = critic.update_critic(batch)
+    state = {k: v for k, v in critic.model_module().state_dict().items() if torch.is_tensor(v)}
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    whole = gather_state_dict(state, tp_group, tp)
+    result = {
+        "values": values.numpy().tobytes(),
+        "grad_norm": metrics["critic/grad_norm"],
+        "weights": {k: v.float().numpy().tobytes() for k, v in whole.items()},
+        "shapes": {k: tuple(v.shape) for k, v in whole.items()},
+        "after": critic.compute_values(batch).numpy().tobytes(),
+    }
+    critic.save_checkpoint(ckpt_dir)
+    dist.barrier()
+    fresh = make(5)
+    fresh.load_checkpoint(ckpt_dir)
+    result["after_resume"] = fresh.compute_values(batch).numpy().tobytes()
+    return result
 
 
-def sequence_parallel_step(rank: int, world_size: int, port: int, tp: int, result_queue) -> None:
+@_rank_process
+def sequence_parallel_step(rank: int, tp: int) -> dict:
     """One AmpOptimizer step (SGD, lr 1, no clipping) on a tensor-parallel group of 2: a layer-norm-like weight
     megatron marks ``sequence_parallel`` whose gradient is rank + 1 per element (each rank saw part of the
     sequence), a split weight whose gradient is 1 per element, a replicated one with gradient 2 per element."""
-    result, error = {}, None
-    try:
-        _init(rank, world_size, port, tp)
-        from megatron.core import parallel_state
+    from megatron.core import parallel_state
 
-        from verl.utils.amp_optimizer import AmpOptimizer
+    from verl.utils.amp_optimizer import AmpOptimizer
 
-        norm_weight = torch.nn.Parameter(torch.zeros(3))
-        norm_weight.sequence_parallel = True
-        split = torch.nn.Parameter(torch.zeros(2))
-        split.tensor_model_parallel = True
-        replicated = torch.nn.Parameter(torch.zeros(4))
-        optimizer = AmpOptimizer(
-            torch.optim.SGD([norm_weight, split, replicated], lr=1.0),
-            clip_grad=0.0,
-            process_group=parallel_state.get_data_parallel_group(),
-            tensor_parallel_group=parallel_state.get_tensor_model_parallel_group(),
-        )
-        norm_weight.grad = torch.full((3,), float(rank + 1))
-        split.grad = torch.ones(2)
-        replicated.grad = torch.full((4,), 2.0)
-        ok, grad_norm, _ = optimizer.step()
-        result = {"ok": ok, "grad_norm": grad_norm, "norm_weight": norm_weight.detach().tolist()}
-    except Exception:  # report, so that the test fails with the real cause instead of a timeout
-        error = traceback.format_exc()
-    result_queue.put((rank, result, error))
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    norm_weight = torch.nn.Parameter(torch.zeros(3))
+    norm_weight.sequence_parallel = True
+    split = torch.nn.Parameter(torch.zeros(2))
+    split.tensor_model_parallel = True
+    replicated = torch.nn.Parameter(torch.zeros(4))
+    optimizer = AmpOptimizer(
+        torch.optim.SGD([norm_weight, split, replicated], lr=1.0),
+        clip_grad=0.0,
+        process_group=parallel_state.get_data_parallel_group(),
+        tensor_parallel_group=parallel_state.get_tensor_model_parallel_group(),
+    )
+    norm_weight.grad = torch.full((3,), float(rank + 1))
+    split.grad = torch.ones(2)
+    replicated.grad = torch.full((4,), 2.0)
+    ok, grad_norm, _ = optimizer.step()
+    return {"ok": ok, "grad_norm": grad_norm, "norm_weight": norm_weight.detach().tolist()}
