@@ -43,16 +43,17 @@ def test_tensor_parallel_run_trains_saves_shards_and_resumes(tmp_path):
     assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
 
 
-def test_ppo_with_a_tensor_parallel_critic_trains_saves_shards_and_resumes(tmp_path):
+def test_ppo_with_a_tensor_parallel_lora_critic_trains_saves_shards_and_resumes(tmp_path):
     ppo = [o for o in TP2 if not o.startswith("algorithm.adv_estimator")] + [
         "algorithm.adv_estimator=gae",
         "critic.strategy=megatron",
         "critic.megatron.tensor_model_parallel_size=2",
+        "critic.model.lora.rank=4",  # verl's megatron form: adapters split over the 2 ranks as their layers are
     ]
     first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *ppo)
     assert first.returncode == 0, first.stderr[-4000:]
     assert "MegatronPPOCritic (float32 master weights" in first.stderr
-    assert "tensor parallel over 2 ranks" in first.stderr
+    assert "tensor parallel over 2 ranks, LoRA rank 4 on 8 layers" in first.stderr
     records = train_records(out_dir)
     assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
     critic_dir = out_dir / "global_step_2" / "critic"
@@ -62,6 +63,9 @@ def test_ppo_with_a_tensor_parallel_critic_trains_saves_shards_and_resumes(tmp_p
     assert shards[0]["output_layer.value.weight"].shape == whole["output_layer.value.weight"].shape
     key = "decoder.layers.0.mlp.linear_fc2.weight"
     assert shards[0][key].shape[1] * 2 == whole[key].shape[1]
+    # its adapter's A takes the split input features too (row-parallel), rank 4
+    key = "decoder.layers.0.mlp.linear_fc2.adapter.lora_A.weight"
+    assert shards[0][key].shape[0] == 4 and shards[0][key].shape[1] * 2 == whole[key].shape[1]
 
     second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *ppo)
     assert second.returncode == 0, second.stderr[-4000:]

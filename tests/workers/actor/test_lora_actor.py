@@ -293,11 +293,11 @@ def test_a_lora_critic_trains_its_adapters_and_value_head_only(backend):
     assert all("lora_" in k or k.startswith("value_head") for k in changed)  # the base weights never move
 
 
-def test_critic_lora_is_refused_on_megatron_and_checked_against_the_model():
+def test_critic_lora_takes_its_backends_form_and_is_checked_against_the_model():
     from verl.workers.config import compose_ppo_config
 
     gae = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=8"]
-    with pytest.raises(ValueError, match=r"critic.model.lora_rank=8: LoRA on the megatron critic is not built"):
+    with pytest.raises(ValueError, match=r"critic.model.lora_rank=8 is the dp/fsdp form of LoRA"):
         compose_ppo_config([*gae, "critic.strategy=megatron", "critic.model.lora_rank=8"])
     with pytest.raises(ValueError, match=r"critic.model.lora_rank=64 is larger than the width of .*k_proj"):
         compose_ppo_config([*gae, "critic.model.lora_rank=64"])

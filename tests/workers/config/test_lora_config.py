@@ -66,13 +66,32 @@ def test_verl_megatron_lora_lines_start():
         ([f"{M_LORA}.rank=8", f"{M_LORA}.freeze_language_model=false"], r"would train the base weights"),
         (
             [f"{M_LORA}.rank=8", "critic.strategy=megatron", "critic.model.lora_rank=8", "algorithm.adv_estimator=gae"],
-            r"critic.model.lora_rank=8: LoRA on the megatron critic is not built",
+            r"critic.model.lora_rank=8 is the dp/fsdp form .* set critic.model.lora.rank",
+        ),
+        (
+            ["critic.strategy=megatron", "critic.model.lora.rank=65", "algorithm.adv_estimator=gae"],
+            r"critic.model.lora.rank=65 is wider than linear_qkv takes \(64",
+        ),
+        (
+            ["critic.strategy=dp", "critic.model.lora.rank=8", "algorithm.adv_estimator=gae"],
+            r"critic.model.lora.rank=8 is verl's megatron form .* strategy=dp; set critic.model.lora_rank",
+        ),
+        (
+            ["critic.model.lora.rank=8", "critic.model.lora.type=dora", "algorithm.adv_estimator=gae"],
+            r"lora.type='dora'",
         ),
     ],
 )
 def test_bad_megatron_lora_settings_fail_at_start_up(overrides, match):
     with pytest.raises(ValueError, match=match):
         compose_ppo_config([*MEGATRON, *overrides])
+
+
+def test_megatron_critic_lora_in_verls_megatron_form_starts():
+    config = compose_ppo_config(
+        [*MEGATRON, "critic.strategy=megatron", "algorithm.adv_estimator=gae", "critic.model.lora.rank=16"]
+    )
+    assert config.critic.model.lora.rank == 16 and config.critic.model.lora_rank == 0
 
 
 def test_lora_with_the_vllm_rollout_is_accepted():

@@ -124,6 +124,30 @@ def test_a_checkpoint_with_the_flat_head_keys_of_earlier_versions_loads(tmp_path
     torch.testing.assert_close(other.model.output_layer.value.weight, state["output_layer.value.weight"] + 1)
 
 
+def test_lora_trains_the_adapters_and_the_head_and_leaves_the_backbone():
+    lora = {"rank": 4, "alpha": 8, "lora_B_init_method": "normal"}
+    critic = make_critic(model={"lora": lora}, optim={"lr": 1e-2})
+    named = dict(critic.model.named_parameters())
+    trained = {name for name, p in named.items() if p.requires_grad}
+    # 2 layers x 4 adapted linears, an A and a B each, and the value head's weight and bias
+    assert len([n for n in trained if ".adapter.lora_" in n]) == 16
+    assert trained - {n for n in trained if ".adapter.lora_" in n} == {
+        "output_layer.value.weight",
+        "output_layer.value.bias",
+    }
+    assert {id(p) for p in critic.optimizer.params} == {id(named[n]) for n in trained}
+    assert "LoRA rank 4 on 8 layers" in critic.training_path
+    before = {name: p.detach().clone() for name, p in named.items()}
+    batch = value_batch()
+    losses = []
+    for _ in range(6):
+        batch.batch["values"] = critic.compute_values(batch)
+        losses.append(critic.update_critic(batch)["critic/vf_loss"])
+    moved = {name for name, p in named.items() if not torch.equal(p, before[name])}
+    assert moved == trained  # the backbone frozen bit for bit, every adapter and the head moved
+    assert losses[-1] < losses[0]
+
+
 def test_unavailable_paths_fail_with_a_clear_message():
     with pytest.raises(
         ValueError, match=r"critic\.megatron\.use_megatron_optimizer=true: .*no megatron-core optimizer path"

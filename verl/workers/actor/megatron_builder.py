@@ -107,7 +107,7 @@ def build_megatron_actor(
     if actor_config.megatron.use_dist_checkpointing:
         notes += f", initial weights from {actor_config.megatron.dist_checkpointing_path}"
     if trainable and lora is not None and lora.rank > 0:
-        notes += _add_lora(model, lora, seed=actor_config.megatron.seed)
+        notes += add_megatron_lora(model, lora, seed=actor_config.megatron.seed)
     if not trainable:
         model.eval().requires_grad_(False)
         actor = MegatronPPOActor(actor_config, model, params_in_compute_dtype=use_megatron, rank=rank)
@@ -143,8 +143,9 @@ def build_megatron_actor(
     return actor
 
 
-def _add_lora(model: torch.nn.Module, lora: Any, seed: int) -> str:
-    """Adapters on ``model`` (:mod:`verl.models.mcore.lora`); returns what the actor's description says of them."""
+def add_megatron_lora(model: torch.nn.Module, lora: Any, seed: int) -> str:
+    """Adapters on ``model`` from a ``model.lora`` section (:mod:`verl.models.mcore.lora`), the rest frozen; returns
+    what the role's description says of them."""
     from verl.models.mcore.lora import add_lora_adapters
 
     adapted = add_lora_adapters(

@@ -16,7 +16,6 @@ from typing import Any
 from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number, check_one_of
 
 KEY = "actor_rollout_ref.model"
-MEGATRON_CRITIC_REFUSAL = "LoRA on the megatron critic is not built (the actor's is)"
 # verl's megatron LoRA kinds this project does not build: what each would need.
 _OTHER_KINDS = {
     "vlm_lora": "adapters on a vision-language model (multimodal models are out of scope)",
@@ -27,8 +26,8 @@ _OTHER_KINDS = {
 
 @dataclasses.dataclass(frozen=True)
 class MegatronLoraConfig(BaseConfig):
-    """``actor_rollout_ref.model.lora``: verl's megatron-form LoRA, adapters on the megatron actor's linear layers
-    (:mod:`verl.models.mcore.lora`); ``rank: 0`` is off."""
+    """``actor_rollout_ref.model.lora`` and ``critic.model.lora``: verl's megatron-form LoRA, adapters on the megatron
+    actor's or critic's linear layers (:mod:`verl.models.mcore.lora`); ``rank: 0`` is off."""
 
     type: str
     merge: bool
@@ -148,23 +147,37 @@ def check_lora(config: Any) -> None:
 
 
 def _check_critic_lora(config: Any) -> None:
-    """``critic.model.lora_rank > 0``: adapters on the value model's backbone (dp and fsdp2), its value head trained
-    whole; refused on megatron; targets and rank checked on an empty copy of the critic's model."""
-    critic = config.critic.model
-    if not (config.needs_critic and critic.lora_rank):
+    """The critic's LoRA: the dp/fsdp form (``critic.model.lora_rank``, peft adapters on the value model's backbone)
+    on dp and fsdp2, the megatron form (``critic.model.lora.*``) on megatron, each with the whole value head
+    trained and the base weights frozen; targets and rank checked against the critic's model."""
+    if not config.needs_critic:
         return
+    critic, key = config.critic.model, "critic.model"
     if config.critic_strategy == "megatron":
+        if critic.lora_rank:
+            raise ValueError(
+                f"{key}.lora_rank={critic.lora_rank} is the dp/fsdp form of LoRA (peft, Hugging Face layer names); "
+                f"the megatron critic takes verl's megatron form: set {key}.lora.rank (lora.alpha, "
+                "lora.target_modules over linear_qkv, linear_proj, linear_fc1, linear_fc2) instead."
+            )
+        if critic.lora.rank:
+            _check_megatron_rank_fits(critic, key)
+        return
+    if critic.lora.rank:
         raise ValueError(
-            f"critic.model.lora_rank={critic.lora_rank}: {MEGATRON_CRITIC_REFUSAL}; train the critic with "
-            "critic.strategy=fsdp (or dp), or set critic.model.lora_rank=0."
+            f"{key}.lora.rank={critic.lora.rank} is verl's megatron form of LoRA, and the critic trains with "
+            f"strategy={config.critic_strategy}; set {key}.lora_rank (and lora_alpha, target_modules) instead."
         )
+    if not critic.lora_rank:
+        return
     from verl.utils.lora import check_lora_targets
 
-    check_lora_targets(critic, key="critic.model")
+    check_lora_targets(critic, key=key)
 
 
-def _check_megatron_rank_fits(model: Any) -> None:
-    """``lora.rank`` no wider than the narrowest targeted layer of the model (its Hugging Face config, read here)."""
+def _check_megatron_rank_fits(model: Any, key: str = KEY) -> None:
+    """``lora.rank`` no wider than the narrowest targeted layer of the model (its Hugging Face config, read here);
+    ``key`` is the model section's, for the message."""
     from verl.models.loading import load_hf_config
     from verl.models.mcore.config import build_transformer_config
     from verl.models.mcore.lora import layer_sizes
@@ -174,6 +187,6 @@ def _check_megatron_rank_fits(model: Any) -> None:
     kind, widest = min(((kind, min(sizes[kind])) for kind in model.lora.target_modules), key=lambda item: item[1])
     if model.lora.rank > widest:
         raise ValueError(
-            f"{KEY}.lora.rank={model.lora.rank} is wider than {kind} takes ({widest}: the smaller of its input and "
+            f"{key}.lora.rank={model.lora.rank} is wider than {kind} takes ({widest}: the smaller of its input and "
             "output features); lower the rank."
         )

@@ -168,9 +168,12 @@ class CriticModelConfig(BaseConfig):
     fsdp_config: FSDPConfig
     trust_remote_code: bool
     override_config: Any
+    # LoRA: the dp/fsdp form (peft) and verl's megatron form; the rules that read other sections:
+    # verl.workers.config.lora
     lora_rank: int
     lora_alpha: float
     target_modules: str | list[str]
+    lora: MegatronLoraConfig
 
     def check(self) -> None:
         if not self.path:

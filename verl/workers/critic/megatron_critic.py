@@ -7,6 +7,9 @@ The model is the actor's GPTModel (same builder, same Hugging Face weights); aft
 (:class:`~verl.utils.amp_optimizer.AmpOptimizer`, fp32 master weights under autocast) under the shared critic loop
 and step contract, on the CPU path of :class:`~verl.workers.actor.backend.MegatronBackend`, on CPU and on GPUs.
 
+LoRA (``critic.model.lora.rank > 0``, verl's megatron form): adapters on the backbone's linear layers as the megatron
+actor gets them (:mod:`verl.models.mcore.lora`), the backbone frozen, the value head trained whole.
+
 Tensor parallelism (``critic.megatron.tensor_model_parallel_size``) splits the transformer layers as for the
 actor; the value head is whole on every rank of a tensor-parallel group (its input, the final hidden states, is
 the same there), so its gradients agree without a reduction and a checkpoint keeps it once. The critic runs
@@ -27,7 +30,7 @@ from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_i
 from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.workers.actor.backend import MegatronBackend
-from verl.workers.actor.megatron_builder import adapter_groups
+from verl.workers.actor.megatron_builder import adapter_groups, add_megatron_lora
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
 from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
@@ -157,9 +160,11 @@ def build_megatron_critic(
         load_dist_checkpoint(model, path, prefix=prefix, is_value_model=True)
     elif hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
-    attach_value_head(model, seed=critic_config.seed)
+    lora = critic_config.model.lora
+    lora_note = add_megatron_lora(model, lora, seed=megatron.seed) if lora.rank else ""  # the backbone frozen
+    attach_value_head(model, seed=critic_config.seed)  # trained whole, with or without LoRA
     optimizer, scheduler = build_amp_optimizer(
-        model.parameters(),
+        [param for param in model.parameters() if param.requires_grad],
         critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
@@ -171,5 +176,6 @@ def build_megatron_critic(
         critic.training_path += f", tensor parallel over {tp} ranks"
     if megatron.use_dist_checkpointing:
         critic.training_path += f", initial weights from {megatron.dist_checkpointing_path}"
+    critic.training_path += lora_note
     logger.info("megatron critic: %s", critic.training_path)
     return critic
