@@ -233,7 +233,12 @@ def test_policy_mapping_from_the_command_line():
         ),
         (
             ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.use_remove_padding=true"],
-            "use_remove_padding=true is not available on the megatron backend",
+            "use_remove_padding=true: padding-free passes are not available on the megatron backend",
+        ),
+        (
+            ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.enable_gradient_checkpointing=true"],
+            r"enable_gradient_checkpointing=true: on megatron, .* "
+            r"actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full",
         ),
     ],
 )

@@ -522,17 +522,24 @@ class PPOConfig(BaseConfig):
             )
 
     def _check_hf_only_features(self) -> None:
-        """Activation checkpointing and padding-free passes run on Hugging Face models (dp, fsdp2) only."""
-        models = [("actor_rollout_ref.model", self.actor_rollout_ref.actor.strategy, self.actor_rollout_ref.model)]
+        """Hugging Face activation checkpointing and padding-free passes run on dp and fsdp2 only (megatron has its
+        own recomputation switch)."""
+        arr = self.actor_rollout_ref
+        models = [("actor_rollout_ref.model", arr.actor.strategy, arr.model, "actor_rollout_ref.actor.megatron")]
         if self.needs_critic:
-            models.append(("critic.model", self.critic_strategy, self.critic.model))
-        for key, strategy, model in models:
-            for feature in ("enable_gradient_checkpointing", "use_remove_padding"):
+            models.append(("critic.model", self.critic_strategy, self.critic.model, "critic.megatron"))
+        for key, strategy, model, megatron_key in models:
+            instead = {
+                # megatron-core's own switch, as verl's megatron scripts set it
+                "enable_gradient_checkpointing": "on megatron, activation recomputation is megatron-core's: set "
+                f"{megatron_key}.override_transformer_config.recompute_granularity=full (with recompute_method="
+                "uniform and recompute_num_layers=1) and this key to false",
+                "use_remove_padding": "padding-free passes are not available on the megatron backend yet; use "
+                "strategy=dp or fsdp2 for them, or set it to false",
+            }
+            for feature, what in instead.items():
                 if strategy == "megatron" and getattr(model, feature):
-                    raise ValueError(
-                        f"{key}.{feature}=true is not available on the megatron backend yet; use strategy=dp or "
-                        f"fsdp2 for it, or set it to false."
-                    )
+                    raise ValueError(f"{key}.{feature}=true: {what}.")
 
     def _trained_sections(self) -> list[tuple[Any, str]]:
         sections = [(self.actor_rollout_ref.actor, ActorConfig.KEY)]
