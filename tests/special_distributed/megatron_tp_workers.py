@@ -13,19 +13,26 @@ import torch
 import torch.distributed as dist
 
 
-def _init(rank: int, world_size: int, port: int, tp: int) -> None:
+def _sizes(layout) -> tuple[int, int]:
+    """(tensor-parallel size, pipeline stages) of a layout: a tensor-parallel size, or the pair."""
+    return layout if isinstance(layout, tuple) else (layout, 1)
+
+
+def _init(rank: int, world_size: int, port: int, layout) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     from verl.models.mcore import ensure_model_parallel_initialized
 
-    ensure_model_parallel_initialized(tp=tp, pp=1)
+    tp, pp = _sizes(layout)
+    ensure_model_parallel_initialized(tp=tp, pp=pp)
 
 
 def _rank_process(body):
     """A spawned rank's entry point from ``body(rank, tp, *args) -> dict``: join the gloo group and megatron-core's
     groups, run the body, and put ``(rank, result, error)`` on the queue (the last argument) — the traceback as the
-    error, so that the test fails with the real cause instead of a timeout."""
+    error, so that the test fails with the real cause instead of a timeout. ``tp`` is a tensor-parallel size or a
+    (tensor-parallel size, pipeline stages) pair."""
 
     @functools.wraps(body)
     def entry(rank: int, world_size: int, port: int, tp: int, *args) -> None:
@@ -43,13 +50,14 @@ def _rank_process(body):
     return entry
 
 
-def _actor(tp: int, rank: int, hf_model, lora=None, megatron=None, **overrides):
+def _actor(layout, rank: int, hf_model, lora=None, megatron=None, **overrides):
     from tests.workers.actor.conftest import actor_config
     from verl.workers.actor.megatron_builder import build_megatron_actor
 
+    tp, pp = _sizes(layout)
     megatron = {
         "tensor_model_parallel_size": tp,
-        "pipeline_model_parallel_size": 1,
+        "pipeline_model_parallel_size": pp,
         "use_megatron_optimizer": "auto",
         **(megatron or {}),
     }
@@ -293,3 +301,28 @@ def sequence_parallel_step(rank: int, tp: int) -> dict:
     replicated.grad = torch.full((4,), 2.0)
     ok, grad_norm, _ = optimizer.step()
     return {"ok": ok, "grad_norm": grad_norm, "norm_weight": norm_weight.detach().tolist()}
+
+
+@_rank_process
+def pipeline_decode(rank: int, layout) -> dict:
+    """The megatron actor's cached decoder: the first prefill's last logits, then 6 greedy tokens per row."""
+    from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+
+    hf_model = tiny_qwen2(seed=0)
+    actor = _actor(layout, rank, hf_model)
+    actor.model_module().eval()
+    decoder = actor.incremental_decoder()
+    batch = ppo_batch(seed=0).batch
+    ids, mask, pos = batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]], None
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    tokens = []
+    with torch.no_grad():
+        logits = decoder.prefill(ids, mask, pos, max_new_tokens=6)
+        first = logits.clone()
+        for _ in range(6):
+            token = logits.argmax(-1)
+            tokens.append(token.tolist())
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            pos = pos[:, -1:] + 1
+            logits = decoder.decode(token, mask, pos[:, 0])
+    return {"tokens": tokens, "logits": first.float().numpy().tobytes()}

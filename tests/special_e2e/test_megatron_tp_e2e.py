@@ -71,3 +71,30 @@ def test_ppo_with_a_tensor_parallel_lora_critic_trains_saves_shards_and_resumes(
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from" in second.stderr + second.stdout
     assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
+
+
+def test_pipeline_parallel_run_trains_with_a_reference_saves_a_shard_per_stage_and_resumes(tmp_path):
+    pp2 = [o for o in TP2 if "tensor_model_parallel_size" not in o] + [
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.actor.use_kl_loss=true",  # the frozen reference runs in the same two stages
+    ]
+    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *pp2)
+    assert first.returncode == 0, first.stderr[-4000:]
+    records = train_records(out_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    # the last stage's records came back: it holds the losses
+    assert all("actor/pg_loss" in r and "actor/kl_loss" in r for r in records)
+    assert any(r["actor/update_failed"] == 0.0 for r in records)
+    actor_dir = out_dir / "global_step_2" / "actor"
+    stages = [load_file(actor_dir / f"mp_rank_00_{stage:03d}" / "model.safetensors") for stage in (0, 1)]
+    whole = load_file(actor_dir / "model.safetensors")
+    layers = {int(k.split(".")[2]) for k in whole if k.startswith("decoder.layers.")}
+    per_stage = [{int(k.split(".")[2]) for k in s if k.startswith("decoder.layers.")} for s in stages]
+    # each stage holds half the layers under its own numbers; the gathered weights all of them
+    assert per_stage[0] == per_stage[1] and 2 * len(per_stage[0]) == len(layers)
+    assert "embedding.word_embeddings.weight" in stages[0] and "embedding.word_embeddings.weight" not in stages[1]
+
+    second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *pp2)
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stderr + second.stdout
+    assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]

@@ -209,7 +209,7 @@ def test_policy_mapping_from_the_command_line():
                 "actor_rollout_ref.actor.strategy=megatron",
                 "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
             ],
-            r"megatron.pipeline_model_parallel_size=2: main_ppo does not run pipeline parallelism: on CPU",
+            r"megatron.tensor_model_parallel_size=1 x pipeline_model_parallel_size=2 does not divide the 1 ranks",
         ),
         (
             [

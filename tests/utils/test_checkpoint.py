@@ -203,9 +203,11 @@ def test_missing_files_are_named(tmp_path):
 
 
 def _write_tensor_parallel_shards(role_dir, tp_ranks):
-    """What megatron's tensor-parallel save writes per rank: mp_rank_XX/ with that rank's weights and state."""
+    """What megatron's tensor-parallel save writes per rank: mp_rank_XX/ with that rank's weights and state (a
+    (tensor-parallel rank, stage) pair: mp_rank_XX_YYY/, as with pipeline stages)."""
     for rank in tp_ranks:
-        shard = role_dir / f"mp_rank_{rank:02d}"
+        name = f"mp_rank_{rank[0]:02d}_{rank[1]:03d}" if isinstance(rank, tuple) else f"mp_rank_{rank:02d}"
+        shard = role_dir / name
         shard.mkdir()
         save_weights(shard / "model.safetensors", {"w": torch.randn(32, 8)})
         save_state(shard / "train_state.pt", {"steps": 3})
@@ -219,6 +221,18 @@ def test_a_missing_tensor_parallel_shard_makes_the_checkpoint_incomplete(tmp_pat
         "actor/mp_rank_01/train_state.pt",
     ]
     _write_tensor_parallel_shards(step_dir / "actor", [1])
+    assert is_complete_checkpoint(step_dir)
+
+
+def test_a_missing_pipeline_stage_makes_the_checkpoint_incomplete(tmp_path):
+    step_dir = _write_checkpoint(tmp_path / "global_step_3")
+    # tensor-parallel size 2, three stages: stage 1 of tensor-parallel rank 1 never came
+    _write_tensor_parallel_shards(step_dir / "actor", [(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)])
+    assert missing_checkpoint_files(step_dir) == [
+        "actor/mp_rank_01_001/model.safetensors",
+        "actor/mp_rank_01_001/train_state.pt",
+    ]
+    _write_tensor_parallel_shards(step_dir / "actor", [(1, 1)])
     assert is_complete_checkpoint(step_dir)
 
 

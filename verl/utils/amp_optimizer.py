@@ -76,6 +76,11 @@ class AmpOptimizer:
             torch.distributed is initialised with more than one rank.
         tensor_parallel_group: the tensor-parallel group of a model whose weights are split over ranks (None: the
             model is whole on every rank); the norm is then summed over it and the verdict agreed by the world.
+        pipeline_parallel_group: the pipeline group of a model whose layers are split into stages (None: one
+            stage); each stage's share of the squared norm is summed over it, and the verdict agreed by the world.
+        embedding_group: with pipeline stages and tied embeddings, the group of the first and the last stage, which
+            hold a copy each of the embedding matrix (marked ``shared_embedding``): their gradients are summed over
+            it, as megatron-core does, so that both copies take the same step.
     """
 
     def __init__(
@@ -86,14 +91,19 @@ class AmpOptimizer:
         loss_scale: LossScaleConfig | None = None,
         process_group: Any = None,
         tensor_parallel_group: Any = None,
+        pipeline_parallel_group: Any = None,
+        embedding_group: Any = None,
     ):
         self.optimizer = optimizer
         self.clip_grad = float(clip_grad)
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.process_group = process_group
         self.tensor_parallel_group = tensor_parallel_group
-        # the default group would average gradients across tensor-parallel ranks, whose shards differ
-        assert tensor_parallel_group is None or process_group is not None, "a split model needs its data-parallel group"
+        self.pipeline_parallel_group = pipeline_parallel_group
+        self.embedding_group = embedding_group
+        self.split_model = tensor_parallel_group is not None or pipeline_parallel_group is not None
+        # the default group would average gradients across model-parallel ranks, whose parts differ
+        assert not self.split_model or process_group is not None, "a split model needs its data-parallel group"
         self.loss_scale = DynamicLossScale(loss_scale) if loss_scale is not None else None
 
     # ------------------------------------------------------------------ the megatron-core interface
@@ -128,6 +138,8 @@ class AmpOptimizer:
             self._all_reduce_grads(world)
         if self.tensor_parallel_group is not None:
             self._sum_sequence_parallel_grads()
+        if self.embedding_group is not None:
+            self._sum_tied_embedding_grads()
         params = [p for p in self.params if p.grad is not None]
         if self.loss_scale is not None:
             inv_scale = 1.0 / self.loss_scale.scale
@@ -135,17 +147,17 @@ class AmpOptimizer:
                 param.grad.mul_(inv_scale)
         max_norm = self.clip_grad if self.clip_grad > 0 else math.inf
         # An overflow anywhere makes the global norm inf or NaN: the norm is the overflow check, in one pass.
-        if self.tensor_parallel_group is None:
+        if not self.split_model:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
         else:
-            grad_norm = self._tensor_parallel_norm(params)
+            grad_norm = self._model_parallel_norm(params)
             if params:
                 torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
         verdict = torch.stack([(~torch.isfinite(grad_norm)).float(), grad_norm.float()])
-        verdict_group = self.process_group if self.tensor_parallel_group is None else None  # None: the world
-        if world > 1 or self.tensor_parallel_group is not None:
+        verdict_group = None if self.split_model else self.process_group  # None: the world
+        if world > 1 or self.split_model:
             # gradients are already averaged; this makes the decision identical even if one rank errs, and over
-            # tensor-parallel ranks, whose shards differ
+            # model-parallel ranks, whose parts differ
             flag = verdict[:1].clone()
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=verdict_group)
             verdict[:1] = flag
@@ -161,21 +173,34 @@ class AmpOptimizer:
 
     # ------------------------------------------------------------------ helpers and state
 
-    def _tensor_parallel_norm(self, params: list[torch.Tensor]) -> torch.Tensor:
-        """Global L2 norm of a tensor-parallel model's gradients: split weights' squares summed over the group,
-        replicated weights (identical on every rank of the group) counted once. Computed where the gradients
-        are (an NCCL group reduces device tensors only), with one host sync in the caller."""
+    def _model_parallel_norm(self, params: list[torch.Tensor]) -> torch.Tensor:
+        """Global L2 norm of a split model's gradients: split weights' squares summed over the tensor-parallel
+        group, replicated weights (identical on every rank of the group) counted once, then each stage's share
+        summed over the pipeline group (the last stage's copy of a tied embedding, marked ``shared``, left out).
+        Computed where the gradients are (an NCCL group reduces device tensors only), with one host sync in the
+        caller."""
         device = params[0].grad.device if params else torch.device("cpu")
         split = torch.zeros((), dtype=torch.float32, device=device)
         replicated = torch.zeros((), dtype=torch.float32, device=device)
         for param in params:
+            if getattr(param, "shared", False):
+                continue
             squares = param.grad.detach().float().pow(2).sum()
             if getattr(param, "tensor_model_parallel", False):
                 split += squares
             else:
                 replicated += squares
-        dist.all_reduce(split, group=self.tensor_parallel_group)
-        return (split + replicated).sqrt()
+        if self.tensor_parallel_group is not None:
+            dist.all_reduce(split, group=self.tensor_parallel_group)
+        total = split + replicated
+        if self.pipeline_parallel_group is not None:
+            dist.all_reduce(total, group=self.pipeline_parallel_group)
+        return total.sqrt()
+
+    def _sum_tied_embedding_grads(self) -> None:
+        """The two copies of a tied embedding (first and last stage) take the sum of their gradients."""
+        grads = [p.grad for p in self.params if p.grad is not None and getattr(p, "shared_embedding", False)]
+        _all_reduce_in_place(grads, self.embedding_group)
 
     def _sum_sequence_parallel_grads(self) -> None:
         """Weights megatron marks ``sequence_parallel`` (the layer norms, with sequence parallelism on) see only
@@ -265,8 +290,7 @@ def build_amp_optimizer(
     *,
     dtype: torch.dtype,
     total_training_steps: int,
-    process_group: Any = None,
-    tensor_parallel_group: Any = None,
+    **groups: Any,
 ):
     """AdamW wrapped in :class:`AmpOptimizer` (loss scaling in fp16), and its LR schedule.
 
@@ -275,8 +299,9 @@ def build_amp_optimizer(
         optim: a validated ``optim`` section (:class:`~verl.workers.config.OptimConfig`).
         dtype: the compute dtype; float16 turns on the dynamic loss scale of ``optim``.
         total_training_steps: length of the LR schedule.
-        process_group: the data-parallel group gradients are averaged over.
-        tensor_parallel_group: the tensor-parallel group of a model split over ranks (see :class:`AmpOptimizer`).
+        **groups: the process groups of :class:`AmpOptimizer` (``process_group``, the data-parallel one gradients
+            are averaged over; for a model split over ranks ``tensor_parallel_group``, ``pipeline_parallel_group``,
+            ``embedding_group``).
 
     Returns:
         (optimizer, lr_scheduler)
@@ -288,7 +313,6 @@ def build_amp_optimizer(
         adamw,
         clip_grad=optim.clip_grad,
         loss_scale=loss_scale,
-        process_group=process_group,
-        tensor_parallel_group=tensor_parallel_group,
+        **groups,
     )
     return optimizer, build_scheduler(adamw, optim, total_training_steps)

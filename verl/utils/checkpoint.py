@@ -20,7 +20,7 @@ directories behind; :func:`remove_save_debris` clears them at start-up. :func:`p
 complete checkpoints beyond ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` after each save.
 
 A role directory may also hold shards: ``sharded/`` (the ``fsdp2`` backend's ``torch.distributed.checkpoint``
-files, see :mod:`verl.utils.fsdp_checkpoint`) or ``mp_rank_XX/`` (megatron's tensor-parallel shards, each with its
+files, see :mod:`verl.utils.fsdp_checkpoint`) or ``mp_rank_XX[_YYY]/`` (megatron's model-parallel shards, each with its
 own ``model.safetensors`` and ``train_state.pt``); they count towards completeness and are verified like the rest.
 A write that fails (disk full, read-only or unwritable directory: any ``OSError``) raises
 :class:`CheckpointWriteError`, which names the file and the OS error.
@@ -65,8 +65,9 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 WEIGHTS_FILE = "model.safetensors"
 TRAIN_STATE_FILE = "train_state.pt"
 RNG_STATE_GLOB = "rng_state_rank*.pt"
-# megatron's tensor-parallel shards inside a role directory (verl.workers.actor.megatron_checkpoint.shard_directory)
-SHARD_DIR_PATTERN = re.compile(r"^mp_rank_(\d+)$")
+# megatron's model-parallel shards inside a role directory (verl.workers.actor.megatron_checkpoint.shard_directory):
+# mp_rank_<tensor-parallel rank>, and _<pipeline stage> after it with pipeline stages
+SHARD_DIR_PATTERN = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 # lines of torch's weights-only error that are advice or boilerplate, not the reason; the advice to retry with
 # weights_only=False is exactly what must not be done with a file of unknown origin
 _TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation")
@@ -219,13 +220,20 @@ def missing_checkpoint_files(step_dir: str | os.PathLike, roles: Iterable[str] =
 
 
 def tensor_parallel_shard_names(role_dir: str | os.PathLike) -> list[str]:
-    """``mp_rank_00`` .. ``mp_rank_<highest present>``: the shard directories a role directory must hold once it
-    holds any (a gap is a missing shard, not a smaller tensor-parallel size); empty without shards."""
+    """``mp_rank_00`` .. ``mp_rank_<highest present>`` (``mp_rank_TT_PPP`` for every tensor-parallel rank and
+    pipeline stage up to the highest present, with stages): the shard directories a role directory must hold once
+    it holds any (a gap is a missing shard, not a smaller model-parallel size); empty without shards."""
     role_dir = Path(role_dir)
     if not role_dir.is_dir():
         return []
-    ranks = [int(m.group(1)) for p in role_dir.iterdir() if p.is_dir() and (m := SHARD_DIR_PATTERN.match(p.name))]
-    return [f"mp_rank_{rank:02d}" for rank in range(max(ranks) + 1)] if ranks else []
+    found = [m for p in role_dir.iterdir() if p.is_dir() and (m := SHARD_DIR_PATTERN.match(p.name))]
+    if not found:
+        return []
+    tp = max(int(m.group(1)) for m in found) + 1
+    stages = [int(m.group(2)) for m in found if m.group(2) is not None]
+    if not stages:
+        return [f"mp_rank_{rank:02d}" for rank in range(tp)]
+    return [f"mp_rank_{rank:02d}_{stage:03d}" for rank in range(tp) for stage in range(max(stages) + 1)]
 
 
 def is_complete_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> bool:

@@ -4,11 +4,12 @@ Which training path runs (megatron-core's optimizer, DDP and schedules on CUDA; 
 is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it. A rollout with its own
 copy of the weights (``vllm``) gets them through the megatron -> Hugging Face converter, layer by layer.
 
-Tensor parallelism (``actor.megatron.tensor_model_parallel_size``, ``critic.megatron.tensor_model_parallel_size``):
-the ranks of one tensor-parallel group hold shards of one model, so they form one data-parallel rank: the base
-worker's ``data_parallel_layout`` tells the driver to hand them the same rows and to take the results from the
-group's tensor-parallel rank 0; they sample alike (the same seed, the same gathered logits). Checkpoints are
-collective (per-rank shards plus the gathered weights).
+Tensor parallelism (``actor.megatron.tensor_model_parallel_size``, ``critic.megatron.tensor_model_parallel_size``)
+and the actor's pipeline stages (``actor.megatron.pipeline_model_parallel_size``): the ranks of one model-parallel
+group hold parts of one model, so they form one data-parallel rank: ``data_parallel_layout`` (from megatron-core's
+groups) tells the driver to hand them the same rows and to take the results from the last stage's tensor-parallel
+rank 0; they sample alike (the same seed, the same gathered logits). Checkpoints are collective (per-rank shards
+plus the gathered weights).
 """
 
 from __future__ import annotations
@@ -43,15 +44,30 @@ def _join_model_parallel_groups(worker, megatron) -> None:
     from verl.models.mcore import ensure_model_parallel_initialized
 
     setup_worker_process(worker)
-    ensure_model_parallel_initialized(tp=megatron.tensor_model_parallel_size, pp=1)
+    ensure_model_parallel_initialized(tp=megatron.tensor_model_parallel_size, pp=megatron.pipeline_model_parallel_size)
+
+
+def _megatron_data_parallel_layout() -> tuple[int, bool]:
+    """(this rank's data-parallel rank, whether it returns its group's results) from megatron-core's groups: the
+    ranks of one model-parallel group (tensor-parallel ranks and pipeline stages, which megatron-core does not
+    number consecutively) hold one data-parallel rank, and the last stage's tensor-parallel rank 0 returns the
+    results (the losses' metrics exist on the last stage only)."""
+    from megatron.core import parallel_state
+
+    returns = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.is_pipeline_last_stage()
+    return parallel_state.get_data_parallel_rank(), returns
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
-    """Actor, rollout and reference over a megatron-core GPTModel, split over ``tensor_model_parallel_size``
-    ranks."""
+    """Actor, rollout and reference over a megatron-core GPTModel, split over ``tensor_model_parallel_size`` ranks
+    and ``pipeline_model_parallel_size`` stages."""
 
     def _model_parallel_size(self) -> int:
-        return self.config.actor_rollout_ref.actor.megatron.tensor_model_parallel_size
+        megatron = self.config.actor_rollout_ref.actor.megatron
+        return megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size
+
+    def data_parallel_layout(self) -> tuple[int, bool]:
+        return _megatron_data_parallel_layout()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
@@ -140,6 +156,9 @@ class MegatronCriticWorker(CriticWorker):
 
     def _model_parallel_size(self) -> int:
         return self.config.critic.megatron.tensor_model_parallel_size
+
+    def data_parallel_layout(self) -> tuple[int, bool]:
+        return _megatron_data_parallel_layout()
 
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.megatron_critic import build_megatron_critic

@@ -182,9 +182,8 @@ def test_checkpoint_restores_loss_scaler_and_handler(tmp_path):
         # tensor parallelism runs on CPU, but megatron-core splits heads evenly: 4 heads do not split 3 ways
         ({"tensor_model_parallel_size": 3}, r"tensor_model_parallel_size=3: .* not divisible by 3"),
         (
-            {"pipeline_model_parallel_size": 2},
-            r"megatron.pipeline_model_parallel_size=2 needs megatron-core's pipeline schedules and optimizer, which "
-            "run on CUDA only",
+            {"pipeline_model_parallel_size": 3},
+            r"megatron.pipeline_model_parallel_size=3: the model's 2 layers do not share out evenly over 3 pipeline",
         ),
         ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size must be an integer >= 1, got 0"),
         ({"pipeline_model_parallel_size": -1}, "pipeline_model_parallel_size must be an integer >= 1, got -1"),

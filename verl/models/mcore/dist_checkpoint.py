@@ -61,11 +61,32 @@ def cpu_save_strategy() -> Any:
 
 
 def _model_sharded_state_dict(model: torch.nn.Module, prefix: str, is_value_model: bool) -> dict[str, Any]:
-    sharded = unwrap_model(model).sharded_state_dict(prefix=prefix)
+    inner = unwrap_model(model)
+    sharded = inner.sharded_state_dict(prefix=prefix)
+    if _holds_a_copy_of_the_embedding(inner):
+        # the last stage's copy of a tied embedding made off CUDA (verl.models.mcore.model): stored as megatron-core
+        # stores its own copy, as a replica of the first stage's embedding
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+
+        inner.tie_embeddings_and_output_weights_state_dict(
+            sharded,
+            f"{prefix}output_layer.weight",
+            f"{prefix}embedding.word_embeddings.weight",
+            ensure_metadata_has_dp_cp_group(None),
+        )
     if is_value_model:
         # a value model replaces the LM head with its own value head, which the checkpoint of an LM lacks
         sharded = {key: value for key, value in sharded.items() if "output_layer" not in key}
     return sharded
+
+
+def _holds_a_copy_of_the_embedding(model: torch.nn.Module) -> bool:
+    """A last pipeline stage whose output weight is a by-hand copy of a tied embedding (megatron-core's own copies
+    are tied in its ``sharded_state_dict`` already)."""
+    if not getattr(model, "post_process", False) or getattr(model, "pre_process", True):
+        return False
+    weight = getattr(getattr(model, "output_layer", None), "weight", None)
+    return getattr(weight, "shared_embedding", False) and not model.share_embeddings_and_output_weights
 
 
 def save_dist_checkpoint(

@@ -10,6 +10,10 @@ are ours:
   missing ones on ``torch.cuda.current_device()``, which does not exist on CPU);
 - finished rows leave the batch: every layer's buffers are cut down to the rows still generating.
 
+Pipeline stages: each stage caches the keys and values of its own layers; every forward pass is relayed through
+the stages (:func:`~verl.models.mcore.pipeline.stage_forward`) and the last stage's logits reach every stage, so
+that all of them sample the same tokens.
+
 Padding: megatron's RoPE rotates by sequence index (see ``verl.models.mcore.model``), and a left-padded row's real
 tokens are contiguous, so cached keys keep their relative positions; the prompt's pad keys stay masked by the
 boolean mask handed to every decode step (megatron's attention drops the causal mask type after the prefill, and
@@ -25,13 +29,15 @@ import torch
 from megatron.core.inference.contexts import StaticInferenceContext
 
 from verl.models.mcore.model import build_attention_mask, unwrap_model
+from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
 from verl.workers.rollout.decoding import IncrementalDecoder, last_logits
 
 __all__ = ["MegatronCachedDecoder"]
 
 
 class MegatronCachedDecoder(IncrementalDecoder):
-    """A megatron-core ``GPTModel`` (whole pipeline on this rank) decoding on a static inference context.
+    """A megatron-core ``GPTModel`` (the whole model, or this rank's pipeline stage) decoding on a static inference
+    context.
 
     Args:
         model: a GPTModel from ``build_gpt_model``, possibly wrapped (megatron DDP, Float16Module).
@@ -47,10 +53,8 @@ class MegatronCachedDecoder(IncrementalDecoder):
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ):
         inner = unwrap_model(model)
-        if not (getattr(inner, "pre_process", True) and getattr(inner, "post_process", True)):
-            raise ValueError(
-                "cached decoding needs a model holding the whole pipeline (pipeline_model_parallel_size=1)"
-            )
+        self.stage = PipelineStage.of_this_rank() if inner.config.pipeline_model_parallel_size > 1 else None
+        self.vocab_size = inner.vocab_size
         self.model = model
         self.kv_dtype = kv_dtype
         self.autocast = autocast
@@ -70,16 +74,25 @@ class MegatronCachedDecoder(IncrementalDecoder):
     def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if unwrap_model(self.model).training:  # the worker switches the inner model; a DDP wrapper stays in train()
             raise RuntimeError("cached decoding needs the model in eval mode (megatron caches only in inference)")
+        inputs = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "attention_mask": mask,
+            "inference_context": self._context,
+            "runtime_gather_output": True,
+        }
+        rows = input_ids.shape[0]
         with self.autocast():
-            logits = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=mask,
-                inference_context=self._context,
-                runtime_gather_output=True,
-            )
+            if self.stage is None:
+                logits = last_logits(self.model(**inputs), rows)
+            else:
+                _, output = stage_forward(self.model, self.stage, **inputs)
+                mine = [last_logits(output, rows) if self.stage.is_last else None]
+                logits = broadcast_from_last_stage(
+                    self.stage, mine, [(rows, self.vocab_size)], torch.float32, input_ids.device
+                )[0]
         self._context.sequence_len_offset += input_ids.shape[1]
-        return last_logits(logits, input_ids.shape[0])
+        return logits
 
     def prefill(self, input_ids, attention_mask, position_ids, max_new_tokens):
         self._context = self._allocate(input_ids.shape[0], input_ids.shape[1] + max_new_tokens, input_ids.device)

@@ -16,9 +16,10 @@ Tensor parallelism splits each adapter as its layer is split, so that every rank
 - row-parallel layers (input split: ``linear_proj``, ``linear_fc2``): ``A``'s columns split, ``A x`` all-reduced
   (reduce-scattered along the sequence with sequence parallelism), ``B`` whole.
 
-Adapters are initialised from one generator seeded with ``seed`` in full shape and then cut, so every rank agrees
-on the parts it shares. The scaling ``alpha / rank`` is a buffer of the adapter (``adapter.scaling``), so that a
-state dict alone says how to merge it: :func:`merge_lora_state_dict` turns a full (gathered) state dict into the
+Adapters are initialised in full shape and then cut, each layer's from a generator seeded with ``seed`` and the
+layer's number in the whole model, so every rank agrees on the parts it shares and a layer gets the same adapters
+whichever pipeline stage holds it. The scaling ``alpha / rank`` is a buffer of the adapter (``adapter.scaling``), so
+that a state dict alone says how to merge it: :func:`merge_lora_state_dict` turns a full (gathered) state dict into the
 plain model's, which the Hugging Face export and a rollout with its own weights receive.
 
 A layer with the input norm fused into it (Transformer Engine's ``LayerNormColumnParallelLinear``) receives the
@@ -175,6 +176,18 @@ def _add_adapter_output(module: torch.nn.Module, args: tuple, kwargs: dict, outp
     return out + adapter(x).to(out.dtype), bias
 
 
+# far enough apart that the layers' seeds never meet another run's seed + layer
+_LAYER_SEED_STRIDE = 1_000_003
+
+
+def _layer_number(model: torch.nn.Module, name: str) -> int:
+    """The whole model's number (from 1) of the transformer layer that module ``name`` belongs to (0: none)."""
+    parts = name.split(".")
+    if parts[:2] != ["decoder", "layers"]:
+        return 0
+    return int(model.decoder.layers[int(parts[2])].layer_number)
+
+
 def _targets(model: torch.nn.Module, targets: Sequence[str], exclude: Sequence[str]) -> list[tuple[str, Any]]:
     found = []
     for name, module in model.named_modules():
@@ -226,11 +239,15 @@ def add_lora_adapters(
     config = model.config
     sizes = layer_sizes(config)
     tp_rank, tp_size = _tensor_parallel_place(config)
-    generator = torch.Generator().manual_seed(seed)
+    generators: dict[int, torch.Generator] = {}
     model.requires_grad_(False)
     adapted = []
     for name, module in _targets(model, target_modules, exclude_modules):
         kind = name.rsplit(".", 1)[-1]
+        layer_number = _layer_number(model, name)
+        if layer_number not in generators:
+            generators[layer_number] = torch.Generator().manual_seed(seed + _LAYER_SEED_STRIDE * layer_number)
+        generator = generators[layer_number]
         norm_weight = getattr(module, "layer_norm_weight", None)
         adapter = LoraAdapter(
             kind,

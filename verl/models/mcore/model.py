@@ -99,7 +99,12 @@ def build_gpt_model(
         pipeline_model_parallel_size=pipeline_model_parallel_size,
         **config_overrides,
     )
-    model = _construct(config, hf_config, backend)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    # megatron-core copies a tied embedding to the last pipeline stage through CUDA; off CUDA the copy is made here
+    tie_by_hand = tied and pipeline_model_parallel_size > 1 and device.type != "cuda"
+    model = _construct(config, hf_config, backend, share_embeddings=tied and not tie_by_hand)
+    if tie_by_hand:
+        _mark_tied_copies(model)
     if device.type != "cuda":
         recompute_on_cpu(model)  # megatron-core's own recomputation needs the CUDA RNG
     if backend == "portable":
@@ -112,7 +117,7 @@ def build_gpt_model(
     return model.to(device=device, dtype=dtype)
 
 
-def _construct(config: Any, hf_config: Any, backend: str) -> GPTModel:
+def _construct(config: Any, hf_config: Any, backend: str, share_embeddings: bool) -> GPTModel:
     """GPTModel for this rank's pipeline stage, with the HF vocabulary, context length, RoPE and tying."""
     rope = rope_settings(hf_config)
     return GPTModel(
@@ -122,13 +127,26 @@ def _construct(config: Any, hf_config: Any, backend: str) -> GPTModel:
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        share_embeddings_and_output_weights=share_embeddings,
         position_embedding_type="rope",
         rotary_base=rope.rotary_base,
         rope_scaling=rope.rope_scaling,
         rope_scaling_factor=rope.rope_scaling_factor,
         seq_len_interpolation_factor=rope.seq_len_interpolation_factor,
     )
+
+
+def _mark_tied_copies(model: GPTModel) -> None:
+    """Tied embeddings over pipeline stages, off CUDA: the first stage's embedding and the last stage's output
+    weight are two parameters holding one matrix (the weight converter loads the same values into both). They are
+    marked as megatron-core marks its own copies (``shared_embedding`` on both, ``shared`` on the last stage's), so
+    that the torch.optim adapter sums their gradients over the embedding group and counts the matrix once in the
+    gradient norm, as megatron-core does."""
+    if model.pre_process:
+        model.embedding.word_embeddings.weight.shared_embedding = True
+    if model.post_process:
+        model.output_layer.weight.shared_embedding = True
+        model.output_layer.weight.shared = True
 
 
 def build_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -185,15 +203,23 @@ def forward_logits(
     """
     inner = unwrap_model(model)
     if not (getattr(inner, "pre_process", True) and getattr(inner, "post_process", True)):
-        raise ValueError("forward_logits needs a model holding the whole pipeline (pipeline_model_parallel_size=1)")
-    mask = build_attention_mask(attention_mask)
-    logits = model(
-        input_ids=input_ids,
-        position_ids=position_ids,
-        attention_mask=mask,
-        runtime_gather_output=True,
-    )
+        raise ValueError(
+            "forward_logits needs a model holding the whole pipeline (pipeline_model_parallel_size=1); a pipeline "
+            "stage runs with verl.models.mcore.pipeline.stage_forward"
+        )
+    logits = model(**gpt_inputs(input_ids, attention_mask, position_ids))
     return logits.float() if fp32 else logits
+
+
+def gpt_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
+    """A GPTModel's forward arguments for a padded batch: megatron's boolean attention mask, and the whole
+    vocabulary's logits on every tensor-parallel rank (the losses and the sampler read all of it)."""
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "attention_mask": build_attention_mask(attention_mask),
+        "runtime_gather_output": True,
+    }
 
 
 def make_logits_fn(model: torch.nn.Module, *, fp32: bool = True) -> LogitsFn:

@@ -233,26 +233,31 @@ def _uses_norm_in_linear(model: torch.nn.Module) -> bool:
 
 
 def _tensor_parallel_size(model: torch.nn.Module) -> int:
-    """The model's tensor-parallel size; refuses a pipeline-parallel model, whose stages hold different layers."""
-    config = getattr(model, "config", None)
-    pp = getattr(config, "pipeline_model_parallel_size", 1)
-    if pp != 1:
-        raise ValueError(f"weight conversion works on whole pipelines only (pipeline parallel size 1), got pp={pp}")
-    return int(getattr(config, "tensor_model_parallel_size", 1))
+    """The model's tensor-parallel size."""
+    return int(getattr(getattr(model, "config", None), "tensor_model_parallel_size", 1))
 
 
 def _full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The plain model's state dict with full tensors: its own, or the shards gathered over the tensor-parallel
-    group (a collective every rank of the group must join); LoRA adapters merged into their layers' weights."""
+    group and the stages gathered over the pipeline group (a collective every rank of the model-parallel group must
+    join); LoRA adapters merged into their layers' weights."""
     from verl.models.mcore.lora import merge_lora_state_dict
 
+    return merge_lora_state_dict(gather_model_parallel_state_dict(model, _weights_only(model.state_dict())))
+
+
+def gather_model_parallel_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The whole model's ``state`` (megatron names) from this rank's part of it: the tensor-parallel shards
+    gathered over the tensor-parallel group, then the pipeline stages over the pipeline group (collectives)."""
+    from verl.models.mcore.pipeline import PipelineStage, gather_stages
+
     tp = _tensor_parallel_size(model)
-    state = _weights_only(model.state_dict())
     if tp > 1:
         from megatron.core import parallel_state
 
         state = gather_state_dict(state, parallel_state.get_tensor_model_parallel_group(), tp)
-    return merge_lora_state_dict(state)
+    stage = PipelineStage.of_this_rank()
+    return state if stage is None else gather_stages(state, model, stage)
 
 
 def load_hf_weights_into_mcore(
@@ -261,8 +266,8 @@ def load_hf_weights_into_mcore(
     """Copy Hugging Face weights into a GPTModel built by ``build_gpt_model`` (values cast to its dtype).
 
     Args:
-        model: the megatron GPTModel (pipeline parallel size 1; with tensor parallelism, this rank's part, which
-            receives its shard of every tensor).
+        model: the megatron GPTModel (this rank's part: with tensor parallelism its shard of every tensor, with
+            pipeline parallelism its stage's layers).
         hf_model_or_state_dict: a ``*ForCausalLM`` module, or its state dict (then ``hf_config`` is required).
         hf_config: the Hugging Face config; defaults to ``hf_model.config``.
 
@@ -285,6 +290,10 @@ def load_hf_weights_into_mcore(
     mcore = hf_to_mcore_state_dict(
         hf_state_dict, hf_config, norm_in_linear=_uses_norm_in_linear(model), tp_rank=tp_rank, tp_size=tp_size
     )
+    if getattr(model.config, "pipeline_model_parallel_size", 1) > 1:
+        from verl.models.mcore.pipeline import stage_state_dict
+
+        mcore = stage_state_dict(mcore, model)  # this stage's layers (and embedding / output layer)
     result = model.load_state_dict(mcore, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith(_IGNORED_SUFFIXES)]
     if missing or result.unexpected_keys:
@@ -300,7 +309,7 @@ def iter_hf_weights(model: torch.nn.Module, hf_config: Any) -> Iterator[tuple[st
     shards are gathered first (a collective of the tensor-parallel group, holding the full weights at once).
 
     Args:
-        model: the megatron GPTModel (pipeline parallel size 1).
+        model: the megatron GPTModel (this rank's part of it; the parts are gathered).
         hf_config: the Hugging Face config it was built from.
     """
     return iter_mcore_to_hf(_full_state_dict(model), hf_config, norm_in_linear=_uses_norm_in_linear(model))
@@ -310,8 +319,8 @@ def export_mcore_to_hf(model: torch.nn.Module, hf_config: Any) -> dict[str, torc
     """Hugging Face state dict of a GPTModel's current weights (detached copies, in the model's dtype).
 
     Args:
-        model: the megatron GPTModel (pipeline parallel size 1; a tensor-parallel model's shards are gathered, a
-            collective every rank of its tensor-parallel group must join).
+        model: the megatron GPTModel (a split model's parts are gathered, a collective every rank of its
+            model-parallel group must join).
         hf_config: the Hugging Face config it was built from.
 
     Returns:

@@ -340,6 +340,9 @@ class MegatronBackend(TrainingBackend):
     def backward_mini_batch(self, loop, mini, temperature):
         if self.use_megatron_schedule:
             return self._backward_with_megatron_schedule(loop, mini, temperature)
+        if getattr(loop, "stage", None) is not None:  # an actor over pipeline stages
+            with self.autocast(loop):
+                return self._backward_through_stages(loop, mini, temperature)
         # On CPU, megatron's custom_bwd would multiply fp16 output gradients by fp32 weights; under the forward's
         # autocast the backward does what custom_bwd does on CUDA (autograd casts the weight grads to fp32).
         with self.autocast(loop):
@@ -368,9 +371,9 @@ class MegatronBackend(TrainingBackend):
         return getattr(loop.optimizer, "min_loss_scale", None)
 
     def save_checkpoint(self, loop, directory):
-        """Whole weights; a tensor-parallel model writes per-rank shards and the gathered weights instead (a
+        """Whole weights; a model split over ranks writes per-rank shards and the gathered weights instead (a
         collective, see :mod:`verl.workers.actor.megatron_checkpoint`)."""
-        if self.tensor_parallel_size() == 1:
+        if self.tensor_parallel_size() == 1 and self.pipeline_parallel_size() == 1:
             save_whole_checkpoint(loop, directory, exports=self._export_whole)
             return
         from verl.workers.actor.megatron_checkpoint import save_tensor_parallel_checkpoint
@@ -389,7 +392,7 @@ class MegatronBackend(TrainingBackend):
         export_huggingface_weights(directory, tensors, self.hf_config)
 
     def load_checkpoint(self, loop, directory):
-        if self.tensor_parallel_size() == 1:
+        if self.tensor_parallel_size() == 1 and self.pipeline_parallel_size() == 1:
             load_whole_checkpoint(loop, directory)
             return
         from verl.workers.actor.megatron_checkpoint import load_tensor_parallel_checkpoint
@@ -397,19 +400,44 @@ class MegatronBackend(TrainingBackend):
         load_tensor_parallel_checkpoint(loop, self.module(), directory)
 
     def tensor_parallel_size(self) -> int:
-        """How many ranks the model's weights are split over."""
+        """How many ranks each of the model's weights is split over."""
         return int(getattr(self.module().config, "tensor_model_parallel_size", 1))
+
+    def pipeline_parallel_size(self) -> int:
+        """How many stages the model's layers are split into."""
+        return int(getattr(self.module().config, "pipeline_model_parallel_size", 1))
 
     def module(self) -> torch.nn.Module:
         """The GPTModel inside megatron-core's DDP wrapper (the model itself on the CPU path): what is checkpointed."""
         return self.model.module if hasattr(self.model, "module") else self.model
 
+    def _backward_through_stages(self, loop: UpdateLoop, mini: DataProto, temperature) -> list[dict]:
+        """The adapter path over pipeline stages: each micro-batch relayed forward through the stages and its
+        gradients back (:mod:`verl.models.mcore.pipeline`); the last stage computes the loss and its metrics."""
+        from verl.models.mcore.pipeline import stage_backward
+
+        loop.optimizer.zero_grad()
+        stage = loop.stage
+        all_metrics = []
+        calculate_entropy = loop.config.entropy_coeff != 0
+        micro_batches, _ = split_by_length(mini, loop.micro_batching)
+        for micro in micro_batches:
+            received, output = loop.run_stage(micro, temperature, calculate_entropy)
+            loss = None
+            if stage.is_last:
+                loss, metrics = loop._loss_from_model_output(micro, output, temperature)
+                loop.note_loss(loss)
+                all_metrics.append(metrics)
+                loss = loop.optimizer.scale_loss(loss * loop._micro_batch_weight(micro, mini))
+            stage_backward(self.model, stage, received, output, loss)
+        return all_metrics
+
     def _backward_with_megatron_schedule(self, loop: UpdateLoop, mini: DataProto, temperature) -> list[dict]:
         """Forward/backward every micro-batch through megatron-core's schedule (pipeline-aware)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from verl.models.mcore import build_attention_mask
-        from verl.models.mcore.fused_head import FusedHeadRequest, fused_head_request
+        from verl.models.mcore.fused_head import fused_head_request
+        from verl.models.mcore.model import gpt_inputs
 
         model = self.model
         model.zero_grad_buffer()
@@ -420,18 +448,10 @@ class MegatronBackend(TrainingBackend):
         def forward_step(data_iterator, model):
             micro = next(data_iterator)
             batch = micro.batch
-            request = None
-            if loop.config.use_fused_kernels:  # the output layer computes the log-probs (verl.models.mcore.fused_head)
-                request = FusedHeadRequest(
-                    batch["input_ids"], batch["responses"].shape[-1], temperature, loop.config.entropy_coeff != 0
-                )
+            # with use_fused_kernels the output layer computes the log-probs (verl.models.mcore.fused_head)
+            request = loop.fused_request(batch, temperature, loop.config.entropy_coeff != 0)
             with fused_head_request(model, request):
-                output = model(
-                    input_ids=batch["input_ids"],
-                    position_ids=batch["position_ids"],
-                    attention_mask=build_attention_mask(batch["attention_mask"]),
-                    runtime_gather_output=True,  # the loss needs the whole vocabulary on every tensor-parallel rank
-                )
+                output = model(**gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"]))
             if request is not None:
                 output = request.result
 

@@ -204,20 +204,27 @@ class BasePPOActor(UpdateLoop):
         return self._loss_from_log_probs(micro, log_prob, entropy)
 
     def _loss_from_model_output(self, micro: DataProto, output, temperature: float):
-        """The loss from a backend-run forward pass (no padding trimmed): its full-sequence logits (B, S, V), or the
-        (log-probs, entropy) of the response tokens that a fused head computed (``model.use_fused_kernels``)."""
+        """The loss from a backend-run forward pass (see :meth:`_log_probs_from_model_output`)."""
+        calculate_entropy = self.config.entropy_coeff != 0
+        return self._loss_from_log_probs(
+            micro, *self._log_probs_from_model_output(micro, output, temperature, calculate_entropy)
+        )
+
+    def _log_probs_from_model_output(self, micro: DataProto, output, temperature: float, calculate_entropy: bool):
+        """(log-probs, entropy or None) of the response tokens from a backend-run forward pass (no padding
+        trimmed): its full-sequence logits (B, S, V), or the pair a fused head computed
+        (``model.use_fused_kernels``)."""
         if isinstance(output, tuple):
-            return self._loss_from_log_probs(micro, *output)
+            return output
         batch = micro.batch
-        log_prob, entropy = compute_response_log_probs(
+        return compute_response_log_probs(
             output.float(),
             batch["input_ids"],
             batch["responses"].shape[-1],
             temperature,
-            calculate_entropy=self.config.entropy_coeff != 0,
+            calculate_entropy=calculate_entropy,
             **self._entropy_options(),
         )
-        return self._loss_from_log_probs(micro, log_prob, entropy)
 
     def _entropy_options(self) -> dict[str, bool]:
         """How the plain (logits) path computes the entropy: ``actor.entropy_from_logits_with_chunking`` and

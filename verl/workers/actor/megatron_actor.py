@@ -10,8 +10,14 @@ Two paths, chosen by the device (the worker logs which):
   and schedules are CUDA-only and are not patched.
 
 Either way a failed update goes to the handler from ``update_failure_policy``, never to a ``NotImplementedError``.
+
 What the two paths change in the loop (schedule, autocast, fire drill, step, loss scale) is all in
 :class:`~verl.workers.actor.backend.MegatronBackend`; this class adds the GPTModel's forward pass and decoder.
+
+With pipeline stages (``megatron.pipeline_model_parallel_size > 1``) every pass runs through the stages of
+:mod:`verl.models.mcore.pipeline`: the log-prob pass and the decoder relay the hidden states and hand the last
+stage's result to every stage; the adapter path's update relays them forward and the gradients back, a micro-batch
+at a time (megatron-core's own schedule does that on the GPU path).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import torch
 from verl.models.mcore import forward_logits
 from verl.models.mcore.fused_head import FusedHeadRequest, fused_head_request, use_fused_head
 from verl.models.mcore.inference import MegatronCachedDecoder
+from verl.models.mcore.model import gpt_inputs
+from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
 from verl.workers.actor.backend import MegatronBackend
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.config import ActorConfig
@@ -69,7 +77,9 @@ class MegatronPPOActor(BasePPOActor):
             hf_config=hf_config,
         )
         super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
-        if config.use_fused_kernels:
+        # this rank's pipeline stage (None: the whole model is here)
+        self.stage = PipelineStage.of_this_rank() if backend.pipeline_parallel_size() > 1 else None
+        if config.use_fused_kernels and (self.stage is None or self.stage.is_last):
             use_fused_head(model)
 
     def model_module(self) -> torch.nn.Module:
@@ -86,6 +96,39 @@ class MegatronPPOActor(BasePPOActor):
         with fused_head_request(self.model, request):
             forward_logits(self.model, input_ids, attention_mask, position_ids)
         return request.result
+
+    def fused_request(self, batch, temperature: float, calculate_entropy: bool) -> FusedHeadRequest | None:
+        """What the fused output layer computes for a micro-batch's whole columns (``model.use_fused_kernels``, on
+        the rank holding the output layer), or None."""
+        if not self.config.use_fused_kernels or (self.stage is not None and not self.stage.is_last):
+            return None
+        return FusedHeadRequest(batch["input_ids"], batch["responses"].shape[-1], temperature, calculate_entropy)
+
+    def run_stage(self, micro, temperature: float, calculate_entropy: bool):
+        """This rank's stage of the forward pass over a micro-batch's whole columns (see
+        :func:`~verl.models.mcore.pipeline.stage_forward`): (the hidden states received, the output), the last
+        stage's output being the logits or, with the fused head, the response's (log-probs, entropy)."""
+        batch = micro.batch
+        request = self.fused_request(batch, temperature, calculate_entropy)
+        with fused_head_request(self.model, request):
+            received, output = stage_forward(
+                self.model, self.stage, **gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+            )
+        return received, output if request is None else request.result
+
+    def _forward_micro_batch(self, micro, temperature, calculate_entropy):
+        if self.stage is None:
+            return super()._forward_micro_batch(micro, temperature, calculate_entropy)
+        with self.autocast():
+            _, output = self.run_stage(micro, temperature, calculate_entropy)
+        results = [None, None]
+        if self.stage.is_last:
+            results = list(self._log_probs_from_model_output(micro, output, temperature, calculate_entropy))
+        count = 2 if calculate_entropy else 1
+        shape = tuple(micro.batch["responses"].shape)
+        device = micro.batch["input_ids"].device
+        received = broadcast_from_last_stage(self.stage, results[:count], [shape] * count, torch.float32, device)
+        return received[0], received[1] if calculate_entropy else None
 
     def adapters_off(self):
         from verl.models.mcore.lora import adapters_disabled, has_adapters

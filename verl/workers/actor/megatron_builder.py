@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, load_hf_weights_into_mcore
+from verl.models.mcore.pipeline import check_pipeline_fits
 from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
 from verl.utils.amp_optimizer import adamw_kwargs, build_amp_optimizer, build_scheduler
 from verl.workers.actor.megatron_actor import MegatronPPOActor
@@ -78,14 +79,11 @@ def build_megatron_actor(
     use_megatron = actor_config.megatron.training_path(device.type, key)
     tp = actor_config.megatron.tensor_model_parallel_size
     pp = actor_config.megatron.pipeline_model_parallel_size
-    loads_weights = hf_state_dict is not None or isinstance(hf_config_or_path, str | os.PathLike)
-    if loads_weights and pp != 1:
-        raise ValueError(
-            f"{key}.pipeline_model_parallel_size={pp}: loading Hugging Face weights is supported for whole pipelines "
-            "only (pipeline size 1)."
-        )
     hf_config, hf_state_dict = _resolve_hf_model(hf_config_or_path, hf_state_dict)
     check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
+    check_pipeline_fits(
+        hf_config, pp, f"{key}.pipeline_model_parallel_size", uneven_split=actor_config.megatron.sets_stage_sizes()
+    )
     # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path holds
     # fp16/bf16 parameters with fp32 main copies inside its optimizer. A frozen model on the GPU path holds
     # fp16/bf16 parameters and nothing else.
@@ -125,7 +123,7 @@ def build_megatron_actor(
             optim_config,
             dtype=dtype,
             total_training_steps=total_training_steps,
-            **adapter_groups(tp, process_group),
+            **adapter_groups(tp, pp, process_group),
         )
         path = f"CPU path: torch.optim adapter, fp32 master weights, {dtype} autocast"
     actor = MegatronPPOActor(
@@ -164,18 +162,22 @@ def add_megatron_lora(model: torch.nn.Module, lora: Any, seed: int) -> str:
     return f", LoRA rank {lora.rank} on {len(adapted)} layers ({trained} trained parameters)"
 
 
-def adapter_groups(tp: int, process_group: Any) -> dict[str, Any]:
-    """The torch.optim adapter's process groups: ``process_group`` for a whole model; megatron-core's
-    data-parallel and tensor-parallel groups for a model split over ``tp > 1`` ranks (gradients are averaged over
-    the data-parallel ranks only, the norm is summed over the tensor-parallel ones)."""
-    if tp == 1:
+def adapter_groups(tp: int, pp: int, process_group: Any) -> dict[str, Any]:
+    """The torch.optim adapter's process groups: ``process_group`` for a whole model; for a model split over
+    ``tp > 1`` ranks or ``pp > 1`` stages megatron-core's data-parallel group (gradients are averaged over its
+    ranks only), its tensor-parallel and pipeline groups (the norm is summed over them) and, with stages, its
+    embedding group (a tied embedding's copies on the first and last stage)."""
+    if tp == 1 and pp == 1:
         return {"process_group": process_group}
     from megatron.core import parallel_state
 
-    return {
-        "process_group": parallel_state.get_data_parallel_group(),
-        "tensor_parallel_group": parallel_state.get_tensor_model_parallel_group(),
-    }
+    groups = {"process_group": parallel_state.get_data_parallel_group()}
+    if tp > 1:
+        groups["tensor_parallel_group"] = parallel_state.get_tensor_model_parallel_group()
+    if pp > 1:
+        groups["pipeline_parallel_group"] = parallel_state.get_pipeline_model_parallel_group()
+        groups["embedding_group"] = parallel_state.get_embedding_group()
+    return groups
 
 
 def _inner_torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:

@@ -1,18 +1,19 @@
-"""Checkpoints of a megatron-core model split over tensor-parallel ranks: one shard directory per rank, plus the
-gathered whole weights.
+"""Checkpoints of a megatron-core model split over ranks (tensor-parallel shards, pipeline stages): one shard
+directory per rank of the model-parallel group, plus the gathered whole weights.
 
-Layout of a checkpoint directory written with tensor-parallel size ``n``:
+Layout of a checkpoint directory written with tensor-parallel size ``n`` (and ``p`` pipeline stages):
 
-- ``mp_rank_XX/model.safetensors`` and ``mp_rank_XX/train_state.pt`` for ``XX`` in ``00 .. n-1``: that rank's
-  weight shards and its training state (its optimizer moments belong to its shards; the loss scale, the LR
-  schedule and the update-outcome handler are the same on every rank, as every rank takes the same decisions);
+- ``mp_rank_XX/model.safetensors`` and ``mp_rank_XX/train_state.pt`` for ``XX`` in ``00 .. n-1`` (with stages
+  ``mp_rank_XX_YYY`` for stage ``YYY`` in ``000 .. p-1``, megatron's naming): that rank's weight shards under its
+  own names and its training state (its optimizer moments belong to its shards; the loss scale, the LR schedule
+  and the update-outcome handler are the same on every rank, as every rank takes the same decisions);
 - ``model.safetensors`` and ``train_state.pt``: the whole weights under megatron names, gathered over the
-  tensor-parallel group (what a tensor-parallel size 1 run writes), with rank 0's training state; and, when the
-  Hugging Face config is known, ``huggingface/`` (:func:`export_huggingface_weights`). A tensor-parallel size 1 run
-  writes that export when ``checkpoint.save_contents`` holds ``hf_model``.
+  tensor-parallel group and the stages (what a whole model writes), with rank 0's training state; and, when the
+  Hugging Face config is known, ``huggingface/`` (:func:`export_huggingface_weights`). A whole model writes that
+  export when ``checkpoint.save_contents`` holds ``hf_model``.
 
 Only the ranks of data-parallel rank 0 write (the other data-parallel ranks hold the same shards); saving is a
-collective of their tensor-parallel group, because the gathering is; loading reads each rank's own shards.
+collective of their model-parallel group, because the gathering is; loading reads each rank's own shards.
 """
 
 from __future__ import annotations
@@ -31,25 +32,31 @@ if TYPE_CHECKING:
 HF_EXPORT_DIR = "huggingface"
 
 
-def shard_directory(directory: str | os.PathLike, tp_rank: int) -> Path:
-    """Where tensor-parallel rank ``tp_rank`` keeps its shards inside a checkpoint directory."""
-    return Path(directory) / f"mp_rank_{tp_rank:02d}"
+def shard_directory(directory: str | os.PathLike, tp_rank: int, stage: int | None = None) -> Path:
+    """Where tensor-parallel rank ``tp_rank`` (of pipeline stage ``stage``, None without stages) keeps its shards
+    inside a checkpoint directory."""
+    name = f"mp_rank_{tp_rank:02d}" if stage is None else f"mp_rank_{tp_rank:02d}_{stage:03d}"
+    return Path(directory) / name
 
 
-def _ranks() -> tuple[int, int, Any]:
+def _ranks() -> tuple[int, int | None, int]:
+    """(tensor-parallel rank, pipeline stage or None without stages, data-parallel rank) of this rank."""
     from megatron.core import parallel_state
 
+    stage = None
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        stage = parallel_state.get_pipeline_model_parallel_rank()
     return (
         parallel_state.get_tensor_model_parallel_rank(),
+        stage,
         parallel_state.get_data_parallel_rank(),
-        parallel_state.get_tensor_model_parallel_group(),
     )
 
 
 def save_tensor_parallel_checkpoint(
     loop: UpdateLoop, module: torch.nn.Module, directory: str | os.PathLike, hf_config: Any = None
 ) -> None:
-    """Write this rank's shards and, on tensor-parallel rank 0, the gathered weights (a collective).
+    """Write this rank's shards and, on the model-parallel group's first rank, the gathered weights (a collective).
 
     Args:
         loop: the update loop whose training state is saved.
@@ -57,18 +64,18 @@ def save_tensor_parallel_checkpoint(
         directory: the checkpoint directory.
         hf_config: the Hugging Face config, for the ``huggingface/`` export (None: no export).
     """
-    from verl.models.mcore.tensor_parallel import gather_state_dict
+    from verl.models.mcore.weight_converter import gather_model_parallel_state_dict
 
-    tp_rank, dp_rank, tp_group = _ranks()
+    tp_rank, stage, dp_rank = _ranks()
     if dp_rank != 0:
         return
-    shards = shard_directory(directory, tp_rank)
+    shards = shard_directory(directory, tp_rank, stage)
     shards.mkdir(parents=True, exist_ok=True)
     state = {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
     save_weights(shards / WEIGHTS_FILE, state)
     save_state(shards / TRAIN_STATE_FILE, loop.training_state_dict())
-    full = gather_state_dict(state, tp_group, torch.distributed.get_world_size(tp_group))
-    if tp_rank != 0:
+    full = gather_model_parallel_state_dict(module, state)
+    if tp_rank != 0 or stage not in (None, 0):
         return
     save_weights(Path(directory) / WEIGHTS_FILE, full)
     # the files every checkpoint has at its top (the driver checks them before resuming); the shards' own
@@ -103,17 +110,17 @@ def load_tensor_parallel_checkpoint(loop: UpdateLoop, module: torch.nn.Module, d
 
     Raises:
         CheckpointError: this rank's shard files are missing or damaged (e.g. written with another
-            tensor-parallel size).
+            tensor-parallel size or number of stages).
         ValueError: the shards do not fit the model.
     """
-    tp_rank, _, _ = _ranks()
-    shards = shard_directory(directory, tp_rank)
+    tp_rank, stage, _ = _ranks()
+    shards = shard_directory(directory, tp_rank, stage)
     weights = load_weights(shards / WEIGHTS_FILE)
     missing, unexpected = module.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
         raise ValueError(
             f"{shards}: shards do not fit the model (missing {missing[:5]}, unexpected {list(unexpected)[:5]}); "
-            "was the checkpoint written with another model or tensor-parallel size?"
+            "was the checkpoint written with another model or model-parallel layout?"
         )
     loop.load_training_state_dict(load_state(shards / TRAIN_STATE_FILE))

@@ -281,6 +281,11 @@ class MegatronConfig(BaseConfig):
             )
         check_passthrough_keys(self.override_ddp_config, "ddp", "override_ddp_config", DDP_FIELDS_FROM_KEYS)
 
+    def sets_stage_sizes(self) -> bool:
+        """Whether ``override_transformer_config`` shares the layers out over the stages its own way (stage sizes,
+        a layout, or counting the embedding or the loss as a layer)."""
+        return any(name in PIPELINE_SPLIT_FIELDS and value for name, value in self._transformer_items())
+
     @property
     def is_model_parallel(self) -> bool:
         return (self.tensor_model_parallel_size, self.pipeline_model_parallel_size) != (1, 1)
@@ -392,8 +397,8 @@ class MegatronConfig(BaseConfig):
             has_megatron_optimizer_path: whether the model can train on megatron-core's optimizer at all.
 
         Raises:
-            ValueError: megatron-core's optimizer without CUDA or where the model lacks that path, or pipeline
-                parallelism on the adapter path (tensor parallelism runs there).
+            ValueError: megatron-core's optimizer without CUDA or where the model lacks that path, or its distributed
+                optimizer on the adapter path.
         """
         choice = self.use_megatron_optimizer
         on_cuda = device_type == "cuda"
@@ -410,15 +415,6 @@ class MegatronConfig(BaseConfig):
         use_megatron = has_megatron_optimizer_path and (on_cuda if choice == "auto" else bool(choice))
         if choice == "auto" and on_cuda and not has_megatron_optimizer_path:
             logger.warning("%s: no megatron-core optimizer path for this model yet; using the torch.optim adapter", key)
-        if not use_megatron and self.pipeline_model_parallel_size > 1:
-            # tensor parallelism runs on the adapter (megatron-core's layers over gloo); pipeline stages need
-            # megatron-core's schedules, which are CUDA-only
-            raise ValueError(
-                f"{key}.pipeline_model_parallel_size={self.pipeline_model_parallel_size} needs megatron-core's "
-                f"pipeline schedules and optimizer, which run on CUDA only; on CPU (the torch.optim adapter path) set "
-                f"it to 1 (tensor_model_parallel_size may be larger), or run on GPUs with "
-                f"{key}.use_megatron_optimizer=auto."
-            )
         if not use_megatron and self.use_distributed_optimizer:
             raise ValueError(
                 f"{key}.use_distributed_optimizer=true shards megatron-core's optimizer state over the data-parallel "

@@ -322,17 +322,11 @@ class PPOConfig(BaseConfig):
     # ------------------------------------------------------------------ cross-section rules
 
     def _check_megatron_layout(self) -> None:
-        """main_ppo runs megatron tensor parallelism (the actor's and the critic's; the ranks of a tensor-parallel
-        group share their data); pipeline stages are refused here, before any worker starts."""
+        """main_ppo runs megatron tensor parallelism (the actor's and the critic's) and the actor's pipeline stages
+        (the ranks of a model-parallel group share their data); a critic in stages is refused here, before any
+        worker starts."""
         actor = self.actor_rollout_ref.actor
         key = "actor_rollout_ref.actor.megatron"
-        if actor.strategy == "megatron" and actor.megatron.pipeline_model_parallel_size > 1:
-            raise ValueError(
-                f"{key}.pipeline_model_parallel_size={actor.megatron.pipeline_model_parallel_size}: main_ppo does not "
-                "run pipeline parallelism: on CPU megatron-core's pipeline schedules do not run (they are CUDA-only), "
-                "and its workers' rollout and log-prob passes need the whole pipeline on a rank. Set it to 1 and use "
-                f"{key}.tensor_model_parallel_size and trainer.n_gpus_per_node instead."
-            )
         layouts = [(key, actor.megatron)] if actor.strategy == "megatron" else []
         if self.needs_critic and self.critic_strategy == "megatron":
             critic = self.critic.megatron
@@ -344,11 +338,14 @@ class PPOConfig(BaseConfig):
                 )
             layouts.append(("critic.megatron", critic))
         for section_key, megatron in layouts:
-            tp = megatron.tensor_model_parallel_size
-            if self.world_size % tp:
+            tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+            if self.world_size % (tp * pp):
+                sizes = f"{section_key}.tensor_model_parallel_size={tp}"
+                if pp > 1:
+                    sizes += f" x pipeline_model_parallel_size={pp}"
                 raise ValueError(
-                    f"{section_key}.tensor_model_parallel_size={tp} does not divide the {self.world_size} ranks "
-                    "(trainer.nnodes x trainer.n_gpus_per_node); make the rank count a multiple of it."
+                    f"{sizes} does not divide the {self.world_size} ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+                    "make the rank count a multiple of it."
                 )
 
     def check(self) -> None:
@@ -566,17 +563,20 @@ class PPOConfig(BaseConfig):
                     f"data.train_batch_size={train_bs} is not a multiple of {key}.ppo_mini_batch_size={mini}; each "
                     f"training batch must split into whole mini-batches."
                 )
-            dp = world // self._tensor_parallel_size(section)  # ranks of one tensor-parallel group share rows
+            dp = world // self._model_parallel_size(section)  # ranks of one model-parallel group share rows
             if (mini * n) % dp or (micro is not None and ((mini * n) // dp) % micro):
                 raise ValueError(
                     f"{key}.ppo_mini_batch_size x rollout.n = {mini * n} samples over {dp} data-parallel rank(s) "
                     f"must give a multiple of {key}.ppo_micro_batch_size_per_gpu={micro} per rank; change one of them."
                 )
 
-    def _tensor_parallel_size(self, section) -> int:
-        """How many ranks split ``section``'s model (megatron tensor parallelism; 1 for any other backend)."""
+    def _model_parallel_size(self, section) -> int:
+        """How many ranks split ``section``'s model (megatron tensor parallelism x pipeline stages; 1 for any other
+        backend)."""
         strategy = self.critic_strategy if section is self.critic else self.actor_rollout_ref.actor.strategy
-        return section.megatron.tensor_model_parallel_size if strategy == "megatron" else 1
+        if strategy != "megatron":
+            return 1
+        return section.megatron.tensor_model_parallel_size * section.megatron.pipeline_model_parallel_size
 
     def _check_micro_batch_sizes_set(self) -> None:
         """Each pass that runs splits by a sample count unless it and the actor both have token budgets (verl asks

@@ -168,7 +168,7 @@ def build_megatron_critic(
         critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
-        **adapter_groups(tp, process_group),
+        **adapter_groups(tp, 1, process_group),
     )
     critic = MegatronPPOCritic(critic_config, model, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank))
     critic.training_path = f"float32 master weights, {dtype} compute, torch.optim adapter on {device}"
