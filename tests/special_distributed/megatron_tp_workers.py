@@ -229,20 +229,19 @@ def dist_checkpoint_layouts(rank: int, tp: int, save_dir: str, load_dir: str) ->
 
 
 @_rank_process
-def critic_update(rank: int, tp: int, ckpt_dir: str) -> dict:
-    """The megatron critic split over ``tp`` ranks: values, one update, its grad norm, the gathered weights (the
+def critic_update(rank: int, layout, ckpt_dir: str) -> dict:
+    """The megatron critic split over ``layout``'s ranks: values, one update, its grad norm, the gathered weights (the
     value head included) and the values after it; then a checkpoint round trip into a critic of other weights."""
-    from megatron.core import parallel_state
-
     from tests.workers.actor.conftest import tiny_qwen2
     from tests.workers.critic.conftest import critic_config, value_batch
-    from verl.models.mcore.tensor_parallel import gather_state_dict
+    from verl.models.mcore.weight_converter import gather_model_parallel_state_dict
     from verl.workers.critic.megatron_critic import build_megatron_critic
 
     hf_model = tiny_qwen2(seed=0)
+    tp, pp = _sizes(layout)
 
     def make(seed):
-        megatron = {"tensor_model_parallel_size": tp}
+        megatron = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp}
         cfg = critic_config(strategy="megatron", megatron=megatron, seed=seed, optim={"lr": 1e-2})
         state = tiny_qwen2(seed=seed).state_dict()  # seed 0: the LM both layouts start from
         return build_megatron_critic(
@@ -259,8 +258,7 @@ def critic_update(rank: int, tp: int, ckpt_dir: str) -> dict:
     values = critic.compute_values(batch)
     metrics = critic.update_critic(batch)
     state = {k: v for k, v in critic.model_module().state_dict().items() if torch.is_tensor(v)}
-    tp_group = parallel_state.get_tensor_model_parallel_group()
-    whole = gather_state_dict(state, tp_group, tp)
+    whole = gather_model_parallel_state_dict(critic.model_module(), state)
     result = {
         "values": values.numpy().tobytes(),
         "grad_norm": metrics["critic/grad_norm"],

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.special_distributed.megatron_tp_workers import (
+    critic_update,
     dist_checkpoint_layouts,
     fused_update,
     lora_update,
@@ -163,3 +164,22 @@ def test_four_ranks_in_stages_update_like_the_whole_model(runs, layout):
         for name, data in whole["weights"].items():
             atol = 1e-2 if name.endswith("k_proj.bias") else 1e-5
             torch.testing.assert_close(as_tensor(report["weights"][name]), as_tensor(data), atol=atol, rtol=0)
+
+
+def test_a_two_stage_critic_equals_the_whole_critic(tmp_path):
+    """The megatron critic in two stages: values, the update and its grad norm as the whole critic's, the value head
+    on the last stage and once in the gathered weights, the embedding no longer tied to anything, and a resume."""
+    whole = run_ranks(critic_update, 1, 1, str(tmp_path / "whole"))[0][0]
+    staged = run_ranks(critic_update, 2, STAGES, str(tmp_path / "staged"))
+    want = as_tensor(whole["values"])
+    assert want.abs().max() > 0  # the seeded head gives values away from 0
+    for rank in (0, 1):
+        report = staged[rank][0]
+        torch.testing.assert_close(as_tensor(report["values"]), want, atol=1e-6, rtol=0)
+        assert report["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-5)
+        assert report["shapes"] == whole["shapes"] and report["shapes"]["output_layer.value.weight"] == (1, 32)
+        for name, data in whole["weights"].items():
+            atol = 1e-2 if name.endswith("linear_qkv.bias") else 1e-5  # see test_two_stages_update_like_the_whole_model
+            torch.testing.assert_close(as_tensor(report["weights"][name]), as_tensor(data), atol=atol, rtol=0, msg=name)
+        torch.testing.assert_close(as_tensor(report["after"]), as_tensor(whole["after"]), atol=1e-5, rtol=0)
+        assert report["after_resume"] == report["after"]

@@ -1,6 +1,8 @@
 """``main_ppo`` with the megatron actor (and, for PPO, the critic) split over 2 tensor-parallel CPU ranks (gloo): one
 data-parallel rank whose two ranks share every batch, checkpoint shards per rank, and a resume from them."""
 
+import re
+
 import pytest
 from safetensors.torch import load_file
 
@@ -97,4 +99,28 @@ def test_pipeline_parallel_run_trains_with_a_reference_saves_a_shard_per_stage_a
     second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *pp2)
     assert second.returncode == 0, second.stderr[-4000:]
     assert "resumed from" in second.stderr + second.stdout
+    assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
+
+
+def test_ppo_with_actor_and_critic_in_two_stages_trains_and_resumes(tmp_path):
+    ppo = [o for o in TP2 if "tensor_model_parallel_size" not in o and not o.startswith("algorithm.adv_estimator")]
+    ppo += [
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "critic.strategy=megatron",
+        "critic.megatron.pipeline_model_parallel_size=2",
+    ]
+    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *ppo)
+    assert first.returncode == 0, first.stderr[-4000:]
+    for stage in (1, 2):  # the start-up lines of both roles on both ranks
+        assert re.search(rf"MegatronPPOActor \([^)]*pipeline stage {stage} of 2", first.stderr)
+        assert re.search(rf"MegatronPPOCritic \([^)]*pipeline stage {stage} of 2", first.stderr)
+    records = train_records(out_dir)
+    assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
+    critic_dir = out_dir / "global_step_2" / "critic"
+    last = load_file(critic_dir / "mp_rank_00_001" / "model.safetensors")
+    assert "output_layer.value.weight" in last  # the value head on the last stage
+    assert "output_layer.value.weight" not in load_file(critic_dir / "mp_rank_00_000" / "model.safetensors")
+    second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *ppo)
+    assert second.returncode == 0, second.stderr[-4000:]
     assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]

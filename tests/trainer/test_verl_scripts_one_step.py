@@ -1,12 +1,14 @@
-"""One training step of thirteen of verl's example scripts, on the tiny model and the embedded task (issue 27).
+"""One training step of fourteen of verl's example scripts, on the tiny model and the embedded task (issue 27).
 
 Each script's stored command line is normalised as the start-up test does (model path, data files, hardware sizes;
 see ``tests/trainer/verl_scripts/harness.py``), then shrunk to a step a 2-core CPU runs in seconds
 (``tests/trainer/verl_scripts/one_step.py``, which also runs every script that starts). Everything else is the
 script's own: its algorithm, backend, rollout engine, reward model, LoRA, KL and entropy settings, dynamic
-batch sizes and fused kernels. The thirteen cover GRPO and PPO, fsdp and megatron, a model reward (the legacy worker
-and verl's reward loop), LoRA on fsdp and on megatron, megatron roles started from a megatron-core distributed
-checkpoint, and verl's options for mixture-of-experts models and DAPO's reward keyword arguments on a dense model.
+batch sizes and fused kernels. Thirteen (``ONE_STEP``) cover GRPO and PPO, fsdp and megatron, a model reward (the
+legacy worker and verl's reward loop), LoRA on fsdp and on megatron, megatron roles started from a megatron-core
+distributed checkpoint, and verl's options for mixture-of-experts models and DAPO's reward keyword arguments on a
+dense model. Two (``OWN_PIPELINE``, one of the thirteen and a PPO script) run at their own pipeline sizes, on two
+ranks.
 """
 
 import json
@@ -63,4 +65,34 @@ def test_one_step_of_a_verl_script(tmp_path, inputs, path):
         for role in ("MegatronPPOActor", "MegatronPPOCritic"):  # each worker's start-up line names the source
             assert re.search(rf"{role} \([^)]*initial weights from {re.escape(inputs['dist_checkpoint'])}", proc.stderr)
     if "critic.optim.lr" in _override_keys(script.overrides):  # a PPO script: its critic trained too
+        assert "critic/vf_loss" in steps[0]
+
+
+# Scripts whose own pipeline sizes (2, for every megatron role they set) fit the two ranks of this machine: they run at
+# those sizes, on two CPU ranks, instead of the one stage the start-up harness normalises them to.
+OWN_PIPELINE = {
+    "examples/ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": "PPO, megatron: actor, reference and critic in two "
+    "stages each, started from a megatron-core distributed checkpoint",
+    "examples/grpo_trainer/run_qwen2-7b_math_megatron.sh": "GRPO, megatron: actor and reference in two stages, fused "
+    "kernels",
+}
+
+
+@pytest.mark.parametrize("path", list(OWN_PIPELINE), ids=[p.rsplit("/", 1)[-1] for p in OWN_PIPELINE])
+def test_one_step_of_a_verl_script_at_its_own_pipeline_size(tmp_path, inputs, path):
+    script = next(s for s in load_scripts() if s.name == path)
+    own = tuple(o for o in script.overrides if o.partition("=")[0].endswith(".megatron.pipeline_model_parallel_size"))
+    assert {o.partition("=")[2] for o in own} == {"2"}
+    out_dir = tmp_path / "run"
+    proc = run_one_step(script, inputs, tmp_path, out_dir, extra=(*own, "trainer.n_gpus_per_node=2"))
+    assert proc.returncode == 0, f"{OWN_PIPELINE[path]}:\n{proc.stderr[-4000:]}"
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "critic/score/mean" in r]
+    assert [r["step"] for r in steps] == [1] and "actor/pg_loss" in steps[0]
+    roles = {o.partition(".megatron")[0] for o in own}
+    for stage in (1, 2):  # each worker's start-up line names its stage
+        assert re.search(rf"MegatronPPOActor \([^)]*pipeline stage {stage} of 2", proc.stderr)
+        if "critic" in roles:
+            assert re.search(rf"MegatronPPOCritic \([^)]*pipeline stage {stage} of 2", proc.stderr)
+    if "critic" in roles:
         assert "critic/vf_loss" in steps[0]

@@ -4,12 +4,12 @@ Which training path runs (megatron-core's optimizer, DDP and schedules on CUDA; 
 is decided by :meth:`verl.workers.config.MegatronConfig.training_path`; the builders log it. A rollout with its own
 copy of the weights (``vllm``) gets them through the megatron -> Hugging Face converter, layer by layer.
 
-Tensor parallelism (``actor.megatron.tensor_model_parallel_size``, ``critic.megatron.tensor_model_parallel_size``)
-and the actor's pipeline stages (``actor.megatron.pipeline_model_parallel_size``): the ranks of one model-parallel
-group hold parts of one model, so they form one data-parallel rank: ``data_parallel_layout`` (from megatron-core's
-groups) tells the driver to hand them the same rows and to take the results from the last stage's tensor-parallel
-rank 0; they sample alike (the same seed, the same gathered logits). Checkpoints are collective (per-rank shards
-plus the gathered weights).
+Tensor parallelism and pipeline stages (``megatron.tensor_model_parallel_size`` and
+``megatron.pipeline_model_parallel_size`` of the actor's and of the critic's section): the ranks of one
+model-parallel group hold parts of one model, so they form one data-parallel rank: ``data_parallel_layout`` (from
+megatron-core's groups) tells the driver to hand them the same rows and to take the results from the last stage's
+tensor-parallel rank 0; they sample alike (the same seed, the same gathered logits). Checkpoints are collective
+(per-rank shards plus the gathered weights).
 """
 
 from __future__ import annotations
@@ -152,10 +152,11 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
 class MegatronCriticWorker(CriticWorker):
     """The critic as a megatron-core GPTModel with a value head, split over ``critic.megatron.
-    tensor_model_parallel_size`` ranks."""
+    tensor_model_parallel_size`` ranks and ``pipeline_model_parallel_size`` stages."""
 
     def _model_parallel_size(self) -> int:
-        return self.config.critic.megatron.tensor_model_parallel_size
+        megatron = self.config.critic.megatron
+        return megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()

@@ -49,15 +49,20 @@ SMALL_STEP = (
 
 
 def run_one_step(
-    script: Script, inputs: dict[str, str], cwd: Path, out_dir: Path, timeout_s: float = 600
+    script: Script,
+    inputs: dict[str, str],
+    cwd: Path,
+    out_dir: Path,
+    timeout_s: float = 600,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """``python -m verl.trainer.main_ppo`` with the script's normalised command line and :data:`SMALL_STEP`,
-    writing to ``out_dir``; the finished process, its output captured."""
+    """``python -m verl.trainer.main_ppo`` with the script's normalised command line, :data:`SMALL_STEP` and then
+    ``extra``, writing to ``out_dir``; the finished process, its output captured."""
     # a key the script sets with '+' (it is absent from verl's config) keeps its '+'; ours are plain overrides of
     # keys the config has, so only those the script does not set are added, and the ones it sets are replaced
     ours = {o.partition("=")[0] for o in SMALL_STEP}
     kept = [o for o in normalise(script.overrides, inputs) if o.partition("=")[0].lstrip("+~") not in ours]
-    argv = script.argv(tuple(kept) + SMALL_STEP + (f"trainer.default_local_dir={out_dir}",))
+    argv = script.argv(tuple(kept) + SMALL_STEP + tuple(extra) + (f"trainer.default_local_dir={out_dir}",))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
     return subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", *argv],

@@ -153,8 +153,8 @@ def test_unavailable_paths_fail_with_a_clear_message():
         ValueError, match=r"critic\.megatron\.use_megatron_optimizer=true: .*no megatron-core optimizer path"
     ):
         make_critic(megatron={"use_megatron_optimizer": True})
-    with pytest.raises(ValueError, match=r"critic\.megatron\.pipeline_model_parallel_size=2: .*pipeline stages"):
-        make_critic(megatron={"pipeline_model_parallel_size": 2})
+    with pytest.raises(ValueError, match=r"critic\.megatron\.pipeline_model_parallel_size=3: the model's 2 layers"):
+        make_critic(megatron={"pipeline_model_parallel_size": 3})
     with pytest.raises(ValueError, match=r"critic\.megatron\.use_megatron_optimizer='yes' has the wrong type"):
         make_critic(megatron={"use_megatron_optimizer": "yes"})
     # a parallel size of 0 is refused, not silently turned into 1

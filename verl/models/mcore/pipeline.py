@@ -257,7 +257,7 @@ def gather_stages(state: dict[str, torch.Tensor], model: torch.nn.Module, stage:
         name = key if layer is None else f"{_LAYER_PREFIX}{numbers[layer[0]]}.{layer[1]}"
         renamed[name] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
     inner = _inner(model)
-    if stage.is_last and getattr(inner.output_layer.weight, "shared_embedding", False):
+    if stage.is_last and getattr(getattr(inner.output_layer, "weight", None), "shared_embedding", False):
         renamed.pop("output_layer.weight", None)
     parts: list[dict | None] = [None] * stage.size
     dist.all_gather_object(parts, renamed, group=stage.group)

@@ -340,7 +340,7 @@ class MegatronBackend(TrainingBackend):
     def backward_mini_batch(self, loop, mini, temperature):
         if self.use_megatron_schedule:
             return self._backward_with_megatron_schedule(loop, mini, temperature)
-        if getattr(loop, "stage", None) is not None:  # an actor over pipeline stages
+        if getattr(loop, "stage", None) is not None:  # a model in pipeline stages
             with self.autocast(loop):
                 return self._backward_through_stages(loop, mini, temperature)
         # On CPU, megatron's custom_bwd would multiply fp16 output gradients by fp32 weights; under the forward's
@@ -419,10 +419,9 @@ class MegatronBackend(TrainingBackend):
         loop.optimizer.zero_grad()
         stage = loop.stage
         all_metrics = []
-        calculate_entropy = loop.config.entropy_coeff != 0
         micro_batches, _ = split_by_length(mini, loop.micro_batching)
         for micro in micro_batches:
-            received, output = loop.run_stage(micro, temperature, calculate_entropy)
+            received, output = loop.run_stage(micro, temperature)
             loss = None
             if stage.is_last:
                 loss, metrics = loop._loss_from_model_output(micro, output, temperature)

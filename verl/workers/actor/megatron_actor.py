@@ -104,10 +104,13 @@ class MegatronPPOActor(BasePPOActor):
             return None
         return FusedHeadRequest(batch["input_ids"], batch["responses"].shape[-1], temperature, calculate_entropy)
 
-    def run_stage(self, micro, temperature: float, calculate_entropy: bool):
+    def run_stage(self, micro, temperature: float, calculate_entropy: bool | None = None):
         """This rank's stage of the forward pass over a micro-batch's whole columns (see
         :func:`~verl.models.mcore.pipeline.stage_forward`): (the hidden states received, the output), the last
-        stage's output being the logits or, with the fused head, the response's (log-probs, entropy)."""
+        stage's output being the logits or, with the fused head, the response's (log-probs, entropy) (the entropy
+        when ``calculate_entropy``, by default when the loss has an entropy term)."""
+        if calculate_entropy is None:
+            calculate_entropy = self.config.entropy_coeff != 0
         batch = micro.batch
         request = self.fused_request(batch, temperature, calculate_entropy)
         with fused_head_request(self.model, request):

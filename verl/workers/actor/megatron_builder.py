@@ -101,7 +101,7 @@ def build_megatron_actor(
         _load_dist_checkpoint(model, actor_config.megatron)
     elif hf_state_dict is not None:
         load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
-    notes = ""
+    notes = pipeline_stage_note(pp)
     if actor_config.megatron.use_dist_checkpointing:
         notes += f", initial weights from {actor_config.megatron.dist_checkpointing_path}"
     if trainable and lora is not None and lora.rank > 0:
@@ -139,6 +139,15 @@ def build_megatron_actor(
     actor.training_path = f"{path} on {device}{notes}"
     logger.info("megatron actor: %s", actor.training_path)
     return actor
+
+
+def pipeline_stage_note(stages: int) -> str:
+    """What a role's start-up line says of its pipeline stage (nothing for a whole model)."""
+    if stages == 1:
+        return ""
+    from megatron.core import parallel_state
+
+    return f", pipeline stage {parallel_state.get_pipeline_model_parallel_rank() + 1} of {stages}"
 
 
 def add_megatron_lora(model: torch.nn.Module, lora: Any, seed: int) -> str:

@@ -322,21 +322,13 @@ class PPOConfig(BaseConfig):
     # ------------------------------------------------------------------ cross-section rules
 
     def _check_megatron_layout(self) -> None:
-        """main_ppo runs megatron tensor parallelism (the actor's and the critic's) and the actor's pipeline stages
-        (the ranks of a model-parallel group share their data); a critic in stages is refused here, before any
-        worker starts."""
+        """main_ppo runs megatron tensor parallelism and pipeline stages (the actor's and the critic's; the ranks of
+        a model-parallel group share their data): each layout must divide the ranks."""
         actor = self.actor_rollout_ref.actor
         key = "actor_rollout_ref.actor.megatron"
         layouts = [(key, actor.megatron)] if actor.strategy == "megatron" else []
         if self.needs_critic and self.critic_strategy == "megatron":
-            critic = self.critic.megatron
-            if critic.pipeline_model_parallel_size > 1:
-                raise ValueError(
-                    f"critic.megatron.pipeline_model_parallel_size={critic.pipeline_model_parallel_size}: the megatron "
-                    "critic is not split into pipeline stages; set it to 1 and split the critic with "
-                    "critic.megatron.tensor_model_parallel_size, or scale it out with trainer.n_gpus_per_node."
-                )
-            layouts.append(("critic.megatron", critic))
+            layouts.append(("critic.megatron", self.critic.megatron))
         for section_key, megatron in layouts:
             tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
             if self.world_size % (tp * pp):

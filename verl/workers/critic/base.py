@@ -120,7 +120,10 @@ class BasePPOCritic(UpdateLoop):
 
     def _micro_batch_loss(self, micro: DataProto, temperature: None) -> tuple[torch.Tensor, dict[str, float]]:
         """Clipped value loss of one micro-batch, and its ``critic/...`` metrics (there is no temperature)."""
-        vpreds = self._forward_response_values(micro)
+        return self._loss_from_values(micro, self._forward_response_values(micro))
+
+    def _loss_from_values(self, micro: DataProto, vpreds: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """Clipped value loss of one micro-batch from its response values ``vpreds`` (B, R), and its metrics."""
         batch = micro.batch
         mask = batch["response_mask"]
         vf_loss, vf_clipfrac = compute_value_loss(

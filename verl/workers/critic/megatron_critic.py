@@ -13,7 +13,13 @@ actor gets them (:mod:`verl.models.mcore.lora`), the backbone frozen, the value 
 Tensor parallelism (``critic.megatron.tensor_model_parallel_size``) splits the transformer layers as for the
 actor; the value head is whole on every rank of a tensor-parallel group (its input, the final hidden states, is
 the same there), so its gradients agree without a reduction and a checkpoint keeps it once. The critic runs
-without sequence parallelism: its value head takes whole sequences. Pipeline stages are not built for the critic.
+without sequence parallelism: its value head takes whole sequences.
+
+Pipeline stages (``critic.megatron.pipeline_model_parallel_size``) split the layers as for the actor
+(:mod:`verl.models.mcore.pipeline`); the value head is on the last stage, which computes the values and the loss.
+The value pass relays the hidden states through the stages and broadcasts the last stage's values; the update
+relays each micro-batch forward and its gradients back. The embedding is no longer tied to anything (the head
+replaced the output layer), so the first stage's copy is not summed with the last stage's.
 megatron-core's own optimizer, DDP and schedules are not wired up for the critic yet: asking for them
 (``critic.megatron.use_megatron_optimizer: true``) is a ``ValueError`` that says so, and ``auto`` on CUDA falls
 back to the adapter with a warning.
@@ -27,13 +33,15 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_into_mcore
+from verl.models.mcore.model import gpt_inputs
+from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, check_pipeline_fits, stage_forward
 from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.workers.actor.backend import MegatronBackend
-from verl.workers.actor.megatron_builder import adapter_groups, add_megatron_lora
+from verl.workers.actor.megatron_builder import adapter_groups, add_megatron_lora, pipeline_stage_note
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
-from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_
+from verl.workers.critic.base import DEFAULT_HEAD_INIT_STD, BasePPOCritic, init_value_head_, response_values
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +76,14 @@ def _rename_flat_head_keys(state_dict, prefix, *args) -> None:
 
 
 def attach_value_head(model: torch.nn.Module, *, head_init_std: float = DEFAULT_HEAD_INIT_STD, seed: int = 1):
-    """Replace a GPTModel's output layer by a :class:`MegatronValueHead` (in place; returns the model)."""
+    """Replace a GPTModel's output layer by a :class:`MegatronValueHead` (in place; returns the model); with
+    pipeline stages, on the last stage (the others keep their layers as they are)."""
     inner = model.module if hasattr(model, "module") else model
+    if getattr(inner, "pre_process", False):
+        # the embedding is the input layer alone now: a first stage's copy is no longer summed with the last's
+        inner.embedding.word_embeddings.weight.shared_embedding = False
     if not getattr(inner, "post_process", False):
-        raise ValueError("the megatron critic needs the last pipeline stage (pipeline_model_parallel_size=1).")
+        return model  # an earlier pipeline stage: the head is on the last one
     reference = next(inner.parameters())
     head = MegatronValueHead(inner.config.hidden_size, head_init_std=head_init_std, seed=seed)
     inner.output_layer = head.to(device=reference.device, dtype=reference.dtype)
@@ -96,13 +108,39 @@ class MegatronPPOCritic(BasePPOCritic):
         self, config: CriticConfig, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, **loop_parts
     ):
         self.model = model
-        super().__init__(config, optimizer, lr_scheduler, backend=MegatronBackend(model), **loop_parts)
+        backend = MegatronBackend(model)
+        super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
+        # this rank's pipeline stage (None: the whole model is here)
+        self.stage = PipelineStage.of_this_rank() if backend.pipeline_parallel_size() > 1 else None
 
     def model_module(self) -> torch.nn.Module:
         return self.backend.module()
 
     def _forward_values(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)[..., 0]
+
+    def run_stage(self, micro, temperature: None = None):
+        """This rank's stage of the forward pass over a micro-batch's whole columns: (the hidden states received,
+        the output), the last stage's output being the (B, S, 1) values."""
+        batch = micro.batch
+        return stage_forward(
+            self.model, self.stage, **gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        )
+
+    def _loss_from_model_output(self, micro, output, temperature):
+        return self._loss_from_values(
+            micro, response_values(output[..., 0].float(), micro.batch["responses"].shape[-1])
+        )
+
+    def _forward_response_values(self, micro):
+        if self.stage is None:
+            return super()._forward_response_values(micro)
+        with self.autocast():
+            _, output = self.run_stage(micro)
+        shape = tuple(micro.batch["responses"].shape)
+        mine = [response_values(output[..., 0].float(), shape[-1]) if self.stage.is_last else None]
+        device = micro.batch["input_ids"].device
+        return broadcast_from_last_stage(self.stage, mine, [shape], torch.float32, device)[0]
 
 
 def build_megatron_critic(
@@ -134,23 +172,24 @@ def build_megatron_critic(
     dtype = TORCH_DTYPES[critic_config.dtype]
     megatron = critic_config.megatron
     key = f"{CriticConfig.KEY}.megatron"
-    if megatron.pipeline_model_parallel_size > 1:
-        raise ValueError(
-            f"{key}.pipeline_model_parallel_size={megatron.pipeline_model_parallel_size}: the megatron critic is not "
-            "split into pipeline stages; set it to 1 and split the critic with tensor_model_parallel_size, or scale "
-            "it out with data parallelism (trainer.n_gpus_per_node)."
-        )
     megatron.check_device(device.type, key)
     # the one chooser of the training path, told that the critic has no megatron-core optimizer path yet
     megatron.training_path(device.type, key, has_megatron_optimizer_path=False)
-    tp = megatron.tensor_model_parallel_size
+    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
+    check_pipeline_fits(hf_config, pp, f"{key}.pipeline_model_parallel_size", uneven_split=megatron.sets_stage_sizes())
     overrides = megatron.transformer_overrides(device.type)
     if overrides.get("sequence_parallel"):
         logger.info("%s.sequence_parallel: the critic runs without it (its value head takes whole sequences)", key)
     overrides["sequence_parallel"] = False
     model = build_gpt_model(
-        hf_config, torch.float32, device, tensor_model_parallel_size=tp, seed=megatron.seed, **overrides
+        hf_config,
+        torch.float32,
+        device,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        seed=megatron.seed,
+        **overrides,
     )
     if megatron.use_dist_checkpointing:
         from verl.models.mcore.dist_checkpoint import load_dist_checkpoint
@@ -168,12 +207,13 @@ def build_megatron_critic(
         critic_config.optim,
         dtype=dtype,
         total_training_steps=total_training_steps,
-        **adapter_groups(tp, 1, process_group),
+        **adapter_groups(tp, pp, process_group),
     )
     critic = MegatronPPOCritic(critic_config, model, optimizer, scheduler, **build_loop_parts(critic_config, rank=rank))
     critic.training_path = f"float32 master weights, {dtype} compute, torch.optim adapter on {device}"
     if tp > 1:
         critic.training_path += f", tensor parallel over {tp} ranks"
+    critic.training_path += pipeline_stage_note(pp)
     if megatron.use_dist_checkpointing:
         critic.training_path += f", initial weights from {megatron.dist_checkpointing_path}"
     critic.training_path += lora_note
