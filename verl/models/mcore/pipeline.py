@@ -35,24 +35,48 @@ __all__ = [
 ]
 
 
-def check_pipeline_fits(hf_config: Any, stages: int, key: str, *, uneven_split: bool = False) -> None:
-    """Refuse a number of stages that megatron-core cannot share the model's layers out over.
+def check_pipeline_fits(hf_config: Any, stages: int, key: str, split: dict[str, Any] | None = None) -> None:
+    """Refuse a pipeline layout that megatron-core cannot share the model's layers out over, naming the key.
+
+    megatron-core shares ``num_layers`` out evenly, after the first and last stage take
+    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` when set; with
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split`` the embedding and the loss
+    count as one layer each. Its own errors for a layout that does not fit are an ``AssertionError`` or an invalid
+    checkpoint offset, neither naming the setting.
 
     Args:
         hf_config: the Hugging Face config.
         stages: the pipeline-parallel size.
-        key: the config key that set it, for the message.
-        uneven_split: the layout names its own first / last stage sizes (megatron-core checks those).
+        key: the section's key of the size (``...megatron.pipeline_model_parallel_size``), for the message.
+        split: the section's ``override_transformer_config`` entries that share the layers out (a
+            ``pipeline_model_parallel_layout`` is megatron-core's to check).
 
     Raises:
-        ValueError: the layer count is not a multiple of ``stages``.
+        ValueError: a layout that does not fit the model's layers.
     """
+    split = dict(split or {})
+    if stages == 1 or split.get("pipeline_model_parallel_layout"):
+        return
     layers = hf_config.num_hidden_layers
-    if stages > 1 and not uneven_split and layers % stages:
+    section = key.rsplit(".", 1)[0]
+    ends = {name: split.get(f"num_layers_in_{name}_pipeline_stage") for name in ("first", "last")}
+    for name, count in ends.items():
+        if count is not None and not 0 < count < layers:
+            raise ValueError(
+                f"{section}.override_transformer_config.num_layers_in_{name}_pipeline_stage={count}: the model has "
+                f"{layers} layers over {stages} pipeline stages; set a count below {layers}, or leave it out."
+            )
+    rest = layers + bool(split.get("account_for_embedding_in_pipeline_split"))
+    rest += bool(split.get("account_for_loss_in_pipeline_split"))
+    rest -= sum(count for count in ends.values() if count is not None)
+    middle = stages - sum(count is not None for count in ends.values())
+    if (middle == 0 and rest != 0) or (middle > 0 and (rest <= 0 or rest % middle)):
+        set_ends = ", ".join(f"{name} stage {count}" for name, count in ends.items() if count is not None)
         raise ValueError(
-            f"{key}={stages}: the model's {layers} layers do not share out evenly over {stages} pipeline stages; "
-            "choose a size that divides the layer count, or set override_transformer_config."
-            "num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage."
+            f"{key}={stages}: the model's {layers} layers do not share out evenly over {stages} pipeline stages"
+            + (f" after the {set_ends} layers set by override_transformer_config" if set_ends else "")
+            + "; choose a size that divides the layer count, or set override_transformer_config."
+            "num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage to fit."
         )
 
 

@@ -81,9 +81,7 @@ def build_megatron_actor(
     pp = actor_config.megatron.pipeline_model_parallel_size
     hf_config, hf_state_dict = _resolve_hf_model(hf_config_or_path, hf_state_dict)
     check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
-    check_pipeline_fits(
-        hf_config, pp, f"{key}.pipeline_model_parallel_size", uneven_split=actor_config.megatron.sets_stage_sizes()
-    )
+    check_pipeline_fits(hf_config, pp, f"{key}.pipeline_model_parallel_size", actor_config.megatron.pipeline_split())
     # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path holds
     # fp16/bf16 parameters with fp32 main copies inside its optimizer. A frozen model on the GPU path holds
     # fp16/bf16 parameters and nothing else.

@@ -281,10 +281,9 @@ class MegatronConfig(BaseConfig):
             )
         check_passthrough_keys(self.override_ddp_config, "ddp", "override_ddp_config", DDP_FIELDS_FROM_KEYS)
 
-    def sets_stage_sizes(self) -> bool:
-        """Whether ``override_transformer_config`` shares the layers out over the stages its own way (stage sizes,
-        a layout, or counting the embedding or the loss as a layer)."""
-        return any(name in PIPELINE_SPLIT_FIELDS and value for name, value in self._transformer_items())
+    def pipeline_split(self) -> dict[str, Any]:
+        """The ``override_transformer_config`` entries that share the layers out over the pipeline stages."""
+        return {name: value for name, value in self._transformer_items() if name in PIPELINE_SPLIT_FIELDS}
 
     @property
     def is_model_parallel(self) -> bool:

@@ -177,7 +177,7 @@ def build_megatron_critic(
     megatron.training_path(device.type, key, has_megatron_optimizer_path=False)
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
-    check_pipeline_fits(hf_config, pp, f"{key}.pipeline_model_parallel_size", uneven_split=megatron.sets_stage_sizes())
+    check_pipeline_fits(hf_config, pp, f"{key}.pipeline_model_parallel_size", megatron.pipeline_split())
     overrides = megatron.transformer_overrides(device.type)
     if overrides.get("sequence_parallel"):
         logger.info("%s.sequence_parallel: the critic runs without it (its value head takes whole sequences)", key)
