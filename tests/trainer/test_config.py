@@ -279,3 +279,39 @@ def test_decisions_import_no_worker_and_the_trainer_and_workers_do_not_import_ea
     # the workers use the trainer's algorithm modules (pure functions over tensors), nothing else of it
     algorithm_modules = ("verl.trainer.ppo.core_algos", "verl.trainer.ppo.rollout_corr")
     assert all(any(m in line for m in algorithm_modules) for line in trainer_imports), trainer_imports
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        # the embedded model has 2 layers and 4 heads in 2 query groups: 4 stages or 4 tensor-parallel ranks do not fit
+        (
+            ["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=4", "trainer.n_gpus_per_node=4"],
+            r"actor_rollout_ref\.actor\.megatron\.pipeline_model_parallel_size=4: the model's 2 layers",
+        ),
+        (
+            [
+                "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                "+actor_rollout_ref.actor.megatron.override_transformer_config.num_layers_in_last_pipeline_stage=13",
+                "trainer.n_gpus_per_node=2",
+            ],
+            r"override_transformer_config\.num_layers_in_last_pipeline_stage=13: the model has 2 layers",
+        ),
+        (
+            [
+                "algorithm.adv_estimator=gae",
+                "critic.strategy=megatron",
+                "critic.megatron.tensor_model_parallel_size=4",
+                "trainer.n_gpus_per_node=4",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",  # the whole actor: 4 data-parallel ranks
+            ],
+            r"critic\.megatron\.tensor_model_parallel_size=4",
+        ),
+    ],
+)
+def test_a_megatron_layout_that_does_not_fit_the_model_is_a_bad_config_before_ray(overrides, match):
+    from verl.trainer.main_ppo import check_model_path
+
+    config = validated(["actor_rollout_ref.actor.strategy=megatron", *overrides])
+    with pytest.raises(ValueError, match=match):
+        check_model_path(config)

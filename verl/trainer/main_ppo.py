@@ -89,13 +89,16 @@ def total_steps(config: PPOConfig, num_train_prompts: int) -> int:
 
 def check_model_path(config: PPOConfig) -> None:
     """The model (and tokenizer) directory must load as a Hugging Face config, and its ``override_config`` name
-    attributes of that config; checked before Ray starts."""
+    attributes of that config; a megatron role's tensor-parallel size and pipeline layout must fit that model.
+    Checked before Ray starts."""
     from verl.models.loading import apply_config_overrides, load_hf_config
 
-    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model)]
+    actor = config.actor_rollout_ref.actor
+    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model, actor.strategy, actor.megatron)]
     if config.needs_critic:
-        models.append(("critic.model.path", config.critic.model))
-    for key, model in models:
+        critic = config.critic
+        models.append(("critic.model.path", critic.model, config.critic_strategy, critic.megatron))
+    for key, model, strategy, megatron in models:
         path = model.path
         try:
             hf_config = load_hf_config(path, model.trust_remote_code)
@@ -106,6 +109,24 @@ def check_model_path(config: PPOConfig) -> None:
                 f"it at a model directory with config.json, or use 'default' for the embedded tiny model."
             ) from None
         apply_config_overrides(hf_config, model.override_config, key.replace(".path", ".override_config"))
+        if strategy == "megatron":
+            _check_megatron_layout_fits(hf_config, megatron, key.split(".model.path")[0])
+
+
+def _check_megatron_layout_fits(hf_config, megatron, role_key: str) -> None:
+    """The megatron section's tensor-parallel size and pipeline layout against the model (the workers check them
+    again when they build it; here a misfit is a bad config before any worker starts)."""
+    from verl.models.mcore.pipeline import check_pipeline_fits
+    from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
+
+    section = f"{role_key}.megatron" if role_key == "critic" else f"{role_key}.actor.megatron"
+    check_tensor_parallel_fits(hf_config, megatron.tensor_model_parallel_size, f"{section}.tensor_model_parallel_size")
+    check_pipeline_fits(
+        hf_config,
+        megatron.pipeline_model_parallel_size,
+        f"{section}.pipeline_model_parallel_size",
+        megatron.pipeline_split(),
+    )
 
 
 def check_resume_path(config: PPOConfig) -> None:
