@@ -8,6 +8,8 @@ norm and the updated weights match the whole model to float32 rounding (the one 
 summed per stage and then over the stages).
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ from tests.special_distributed.megatron_tp_workers import (
     update_and_checkpoint,
 )
 from tests.special_distributed.test_megatron_tp_gloo import as_tensor, run_ranks, tolerance
+from verl.utils.checkpoint import load_weights
 
 STAGES = (1, 2)  # tensor-parallel size 1, two pipeline stages
 
@@ -76,9 +79,6 @@ def test_two_stages_with_the_fused_head_equal_the_plain_whole_run(runs):
 
 def test_two_stage_checkpoint_holds_a_shard_per_stage_and_the_whole_weights(runs):
     _, staged, ckpt = runs
-    from pathlib import Path
-
-    from verl.utils.checkpoint import load_weights
 
     assert sorted(p.name for p in Path(ckpt).iterdir() if p.name.startswith("mp_rank")) == [
         "mp_rank_00_000",

@@ -93,12 +93,12 @@ def check_model_path(config: PPOConfig) -> None:
     Checked before Ray starts."""
     from verl.models.loading import apply_config_overrides, load_hf_config
 
-    actor = config.actor_rollout_ref.actor
-    models = [("actor_rollout_ref.model.path", config.actor_rollout_ref.model, actor.strategy, actor.megatron)]
+    arr = config.actor_rollout_ref
+    # (the path's key, the model section, the role's section, the key of its megatron section)
+    models = [("actor_rollout_ref.model.path", arr.model, arr.actor, "actor_rollout_ref.actor.megatron")]
     if config.needs_critic:
-        critic = config.critic
-        models.append(("critic.model.path", critic.model, config.critic_strategy, critic.megatron))
-    for key, model, strategy, megatron in models:
+        models.append(("critic.model.path", config.critic.model, config.critic, "critic.megatron"))
+    for key, model, role, megatron_key in models:
         path = model.path
         try:
             hf_config = load_hf_config(path, model.trust_remote_code)
@@ -109,24 +109,9 @@ def check_model_path(config: PPOConfig) -> None:
                 f"it at a model directory with config.json, or use 'default' for the embedded tiny model."
             ) from None
         apply_config_overrides(hf_config, model.override_config, key.replace(".path", ".override_config"))
+        strategy = config.critic_strategy if role is config.critic else role.strategy
         if strategy == "megatron":
-            _check_megatron_layout_fits(hf_config, megatron, key.split(".model.path")[0])
-
-
-def _check_megatron_layout_fits(hf_config, megatron, role_key: str) -> None:
-    """The megatron section's tensor-parallel size and pipeline layout against the model (the workers check them
-    again when they build it; here a misfit is a bad config before any worker starts)."""
-    from verl.models.mcore.pipeline import check_pipeline_fits
-    from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
-
-    section = f"{role_key}.megatron" if role_key == "critic" else f"{role_key}.actor.megatron"
-    check_tensor_parallel_fits(hf_config, megatron.tensor_model_parallel_size, f"{section}.tensor_model_parallel_size")
-    check_pipeline_fits(
-        hf_config,
-        megatron.pipeline_model_parallel_size,
-        f"{section}.pipeline_model_parallel_size",
-        megatron.pipeline_split(),
-    )
+            role.megatron.check_fits(hf_config, megatron_key)
 
 
 def check_resume_path(config: PPOConfig) -> None:

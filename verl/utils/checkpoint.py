@@ -219,6 +219,12 @@ def missing_checkpoint_files(step_dir: str | os.PathLike, roles: Iterable[str] =
     return [name for name in expected if not (step_dir / name).is_file()]
 
 
+def shard_name(tp_rank: int, stage: int | None = None) -> str:
+    """The directory of a megatron rank's shards: ``mp_rank_XX`` for tensor-parallel rank ``XX``, with pipeline
+    stages ``mp_rank_XX_YYY`` for stage ``YYY`` (megatron's naming)."""
+    return f"mp_rank_{tp_rank:02d}" if stage is None else f"mp_rank_{tp_rank:02d}_{stage:03d}"
+
+
 def tensor_parallel_shard_names(role_dir: str | os.PathLike) -> list[str]:
     """``mp_rank_00`` .. ``mp_rank_<highest present>`` (``mp_rank_TT_PPP`` for every tensor-parallel rank and
     pipeline stage up to the highest present, with stages): the shard directories a role directory must hold once
@@ -232,8 +238,8 @@ def tensor_parallel_shard_names(role_dir: str | os.PathLike) -> list[str]:
     tp = max(int(m.group(1)) for m in found) + 1
     stages = [int(m.group(2)) for m in found if m.group(2) is not None]
     if not stages:
-        return [f"mp_rank_{rank:02d}" for rank in range(tp)]
-    return [f"mp_rank_{rank:02d}_{stage:03d}" for rank in range(tp) for stage in range(max(stages) + 1)]
+        return [shard_name(rank) for rank in range(tp)]
+    return [shard_name(rank, stage) for rank in range(tp) for stage in range(max(stages) + 1)]
 
 
 def is_complete_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("actor",)) -> bool:

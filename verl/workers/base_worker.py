@@ -120,15 +120,15 @@ class _ModelWorker(Worker):
         return self.profiler.stop()
 
     def _model_parallel_size(self) -> int:
-        """Over how many ranks one copy of the trained model is split (1 here; megatron tensor parallelism)."""
+        """Over how many ranks one copy of the trained model is split (1 here; megatron: tensor-parallel ranks x
+        pipeline stages)."""
         return 1
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         """(this rank's data-parallel rank, whether it returns its group's results); called by the driver after
-        ``init_model``. The ranks of one model-parallel group (consecutive ranks, as megatron-core groups them)
-        form one data-parallel rank: they get the same rows, and the group's first rank returns the results."""
-        size = self._model_parallel_size()
-        return self.rank // size, self.rank % size == 0
+        ``init_model``. Here every rank holds a whole model and is a data-parallel rank of its own; a backend that
+        splits a model over ranks says which ranks share rows and which of them returns the results."""
+        return self.rank, True
 
     def _dp_size(self) -> int:
         """How many data-parallel ranks split a batch (the world, unless a model is split over ranks)."""

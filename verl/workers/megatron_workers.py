@@ -63,8 +63,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     and ``pipeline_model_parallel_size`` stages."""
 
     def _model_parallel_size(self) -> int:
-        megatron = self.config.actor_rollout_ref.actor.megatron
-        return megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size
+        return self.config.actor_rollout_ref.actor.megatron.model_parallel_size
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()
@@ -155,8 +154,7 @@ class MegatronCriticWorker(CriticWorker):
     tensor_model_parallel_size`` ranks and ``pipeline_model_parallel_size`` stages."""
 
     def _model_parallel_size(self) -> int:
-        megatron = self.config.critic.megatron
-        return megatron.tensor_model_parallel_size * megatron.pipeline_model_parallel_size
+        return self.config.critic.megatron.model_parallel_size
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()

@@ -53,7 +53,7 @@ class MegatronCachedDecoder(IncrementalDecoder):
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ):
         inner = unwrap_model(model)
-        self.stage = PipelineStage.of_this_rank() if inner.config.pipeline_model_parallel_size > 1 else None
+        self.stage = PipelineStage.of_model(inner)
         self.vocab_size = inner.vocab_size
         self.model = model
         self.kv_dtype = kv_dtype

@@ -211,6 +211,11 @@ def forward_logits(
     return logits.float() if fp32 else logits
 
 
+def batch_gpt_inputs(batch: Any) -> dict[str, Any]:
+    """:func:`gpt_inputs` of a micro-batch's tensors (``input_ids``, ``attention_mask``, ``position_ids``)."""
+    return gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+
+
 def gpt_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> dict[str, Any]:
     """A GPTModel's forward arguments for a padded batch: megatron's boolean attention mask, and the whole
     vocabulary's logits on every tensor-parallel rank (the losses and the sampler read all of it)."""

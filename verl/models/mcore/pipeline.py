@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.models.mcore.model import unwrap_model
+
 __all__ = [
     "PipelineStage",
     "broadcast_from_last_stage",
@@ -75,7 +77,7 @@ def check_pipeline_fits(hf_config: Any, stages: int, key: str, split: dict[str, 
         raise ValueError(
             f"{key}={stages}: the model's {layers} layers do not share out evenly over {stages} pipeline stages"
             + (f" after the {set_ends} layers set by override_transformer_config" if set_ends else "")
-            + "; choose a size that divides the layer count, or set override_transformer_config."
+            + f"; choose a size that divides the layer count, or set {section}.override_transformer_config."
             "num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage to fit."
         )
 
@@ -109,6 +111,13 @@ class PipelineStage:
         return self.index == self.size - 1
 
     @classmethod
+    def of_model(cls, model: torch.nn.Module) -> PipelineStage | None:
+        """The stage of this rank's part of ``model`` (possibly wrapped); None for a model built whole."""
+        if getattr(unwrap_model(model).config, "pipeline_model_parallel_size", 1) == 1:
+            return None
+        return cls.of_this_rank()
+
+    @classmethod
     def of_this_rank(cls) -> PipelineStage | None:
         """This rank's stage from megatron-core's groups; None without pipeline parallelism (one stage)."""
         from megatron.core import parallel_state
@@ -131,16 +140,10 @@ class PipelineStage:
         )
 
 
-def _inner(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
-
-
 def _hidden_shape(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[int, int, int]:
     """The hidden states a stage passes on for ``input_ids`` (B, S): (S, B, H), the sequence split over the
     tensor-parallel ranks under sequence parallelism."""
-    config = _inner(model).config
+    config = unwrap_model(model).config
     seq_len = input_ids.shape[1]
     if config.sequence_parallel:
         seq_len //= config.tensor_model_parallel_size
@@ -149,12 +152,12 @@ def _hidden_shape(model: torch.nn.Module, input_ids: torch.Tensor) -> tuple[int,
 
 def _transport_dtype(model: torch.nn.Module) -> torch.dtype:
     """The dtype hidden states travel in between stages: megatron-core's ``pipeline_dtype`` (the parameters')."""
-    config = _inner(model).config
+    config = unwrap_model(model).config
     return config.pipeline_dtype or config.params_dtype
 
 
 def _device(model: torch.nn.Module) -> torch.device:
-    return next(_inner(model).parameters()).device
+    return next(unwrap_model(model).parameters()).device
 
 
 def stage_forward(
@@ -176,7 +179,7 @@ def stage_forward(
         received = torch.empty(_hidden_shape(model, input_ids), dtype=_transport_dtype(model), device=_device(model))
         dist.recv(received, src=stage.prev_rank, group=stage.group)
         received.requires_grad_(torch.is_grad_enabled())
-        _inner(model).set_input_tensor(received)
+        unwrap_model(model).set_input_tensor(received)
     output = model(input_ids=input_ids, **kwargs)
     if not stage.is_last:
         dist.send(output.detach().to(_transport_dtype(model)).contiguous(), dst=stage.next_rank, group=stage.group)
@@ -236,7 +239,7 @@ _LAST_STAGE_PREFIXES = ("decoder.final_layernorm.", "output_layer.")
 
 def _global_layer_numbers(model: torch.nn.Module) -> list[int]:
     """The 0-based indices in the whole model of this stage's layers (megatron-core numbers them from 1)."""
-    return [layer.layer_number - 1 for layer in _inner(model).decoder.layers]
+    return [layer.layer_number - 1 for layer in unwrap_model(model).decoder.layers]
 
 
 def _split_layer_key(key: str) -> tuple[int, str] | None:
@@ -253,7 +256,7 @@ def stage_state_dict(whole: dict[str, torch.Tensor], model: torch.nn.Module) -> 
     norm and the output layer to the last. A tied model has no ``output_layer.weight`` of its own: the last stage's
     copy of the embedding gets the embedding's values.
     """
-    inner = _inner(model)
+    inner = unwrap_model(model)
     local_of = {global_index: local for local, global_index in enumerate(_global_layer_numbers(model))}
     part = {}
     for key, value in whole.items():
@@ -265,7 +268,8 @@ def stage_state_dict(whole: dict[str, torch.Tensor], model: torch.nn.Module) -> 
             inner.post_process and key.startswith(_LAST_STAGE_PREFIXES)
         ):
             part[key] = value
-    if inner.post_process and "output_layer.weight" not in part and "output_layer.weight" in inner.state_dict():
+    has_output_weight = getattr(getattr(inner, "output_layer", None), "weight", None) is not None
+    if inner.post_process and has_output_weight and "output_layer.weight" not in part:
         part["output_layer.weight"] = whole["embedding.word_embeddings.weight"]
     return part
 
@@ -280,7 +284,7 @@ def gather_stages(state: dict[str, torch.Tensor], model: torch.nn.Module, stage:
         layer = _split_layer_key(key)
         name = key if layer is None else f"{_LAYER_PREFIX}{numbers[layer[0]]}.{layer[1]}"
         renamed[name] = value.detach().cpu() if isinstance(value, torch.Tensor) else value
-    inner = _inner(model)
+    inner = unwrap_model(model)
     if stage.is_last and getattr(getattr(inner.output_layer, "weight", None), "shared_embedding", False):
         renamed.pop("output_layer.weight", None)
     parts: list[dict | None] = [None] * stage.size

@@ -256,7 +256,7 @@ def gather_model_parallel_state_dict(model: torch.nn.Module, state: dict[str, to
         from megatron.core import parallel_state
 
         state = gather_state_dict(state, parallel_state.get_tensor_model_parallel_group(), tp)
-    stage = PipelineStage.of_this_rank()
+    stage = PipelineStage.of_model(model)
     return state if stage is None else gather_stages(state, model, stage)
 
 
@@ -290,9 +290,9 @@ def load_hf_weights_into_mcore(
     mcore = hf_to_mcore_state_dict(
         hf_state_dict, hf_config, norm_in_linear=_uses_norm_in_linear(model), tp_rank=tp_rank, tp_size=tp_size
     )
-    if getattr(model.config, "pipeline_model_parallel_size", 1) > 1:
-        from verl.models.mcore.pipeline import stage_state_dict
+    from verl.models.mcore.pipeline import PipelineStage, stage_state_dict
 
+    if PipelineStage.of_model(model) is not None:
         mcore = stage_state_dict(mcore, model)  # this stage's layers (and embedding / output layer)
     result = model.load_state_dict(mcore, strict=False)
     missing = [k for k in result.missing_keys if not k.endswith(_IGNORED_SUFFIXES)]

@@ -373,7 +373,7 @@ class MegatronBackend(TrainingBackend):
     def save_checkpoint(self, loop, directory):
         """Whole weights; a model split over ranks writes per-rank shards and the gathered weights instead (a
         collective, see :mod:`verl.workers.actor.megatron_checkpoint`)."""
-        if self.tensor_parallel_size() == 1 and self.pipeline_parallel_size() == 1:
+        if not self.split_over_ranks():
             save_whole_checkpoint(loop, directory, exports=self._export_whole)
             return
         from verl.workers.actor.megatron_checkpoint import save_tensor_parallel_checkpoint
@@ -392,20 +392,18 @@ class MegatronBackend(TrainingBackend):
         export_huggingface_weights(directory, tensors, self.hf_config)
 
     def load_checkpoint(self, loop, directory):
-        if self.tensor_parallel_size() == 1 and self.pipeline_parallel_size() == 1:
+        if not self.split_over_ranks():
             load_whole_checkpoint(loop, directory)
             return
         from verl.workers.actor.megatron_checkpoint import load_tensor_parallel_checkpoint
 
         load_tensor_parallel_checkpoint(loop, self.module(), directory)
 
-    def tensor_parallel_size(self) -> int:
-        """How many ranks each of the model's weights is split over."""
-        return int(getattr(self.module().config, "tensor_model_parallel_size", 1))
-
-    def pipeline_parallel_size(self) -> int:
-        """How many stages the model's layers are split into."""
-        return int(getattr(self.module().config, "pipeline_model_parallel_size", 1))
+    def split_over_ranks(self) -> bool:
+        """Whether this rank holds a part of the model (tensor-parallel shards or a pipeline stage)."""
+        config = self.module().config
+        sizes = (getattr(config, "tensor_model_parallel_size", 1), getattr(config, "pipeline_model_parallel_size", 1))
+        return sizes != (1, 1)
 
     def module(self) -> torch.nn.Module:
         """The GPTModel inside megatron-core's DDP wrapper (the model itself on the CPU path): what is checkpointed."""
@@ -436,7 +434,7 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         from verl.models.mcore.fused_head import fused_head_request
-        from verl.models.mcore.model import gpt_inputs
+        from verl.models.mcore.model import batch_gpt_inputs
 
         model = self.model
         model.zero_grad_buffer()
@@ -450,7 +448,7 @@ class MegatronBackend(TrainingBackend):
             # with use_fused_kernels the output layer computes the log-probs (verl.models.mcore.fused_head)
             request = loop.fused_request(batch, temperature, loop.config.entropy_coeff != 0)
             with fused_head_request(model, request):
-                output = model(**gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"]))
+                output = model(**batch_gpt_inputs(batch))
             if request is not None:
                 output = request.result
 

@@ -30,7 +30,7 @@ import torch
 from verl.models.mcore import forward_logits
 from verl.models.mcore.fused_head import FusedHeadRequest, fused_head_request, use_fused_head
 from verl.models.mcore.inference import MegatronCachedDecoder
-from verl.models.mcore.model import gpt_inputs
+from verl.models.mcore.model import batch_gpt_inputs
 from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
 from verl.workers.actor.backend import MegatronBackend
 from verl.workers.actor.base import BasePPOActor
@@ -77,8 +77,7 @@ class MegatronPPOActor(BasePPOActor):
             hf_config=hf_config,
         )
         super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
-        # this rank's pipeline stage (None: the whole model is here)
-        self.stage = PipelineStage.of_this_rank() if backend.pipeline_parallel_size() > 1 else None
+        self.stage = PipelineStage.of_model(model)  # this rank's pipeline stage (None: the whole model is here)
         if config.use_fused_kernels and (self.stage is None or self.stage.is_last):
             use_fused_head(model)
 
@@ -114,9 +113,7 @@ class MegatronPPOActor(BasePPOActor):
         batch = micro.batch
         request = self.fused_request(batch, temperature, calculate_entropy)
         with fused_head_request(self.model, request):
-            received, output = stage_forward(
-                self.model, self.stage, **gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-            )
+            received, output = stage_forward(self.model, self.stage, **batch_gpt_inputs(batch))
         return received, output if request is None else request.result
 
     def _forward_micro_batch(self, micro, temperature, calculate_entropy):

@@ -15,8 +15,6 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, load_hf_weights_into_mcore
-from verl.models.mcore.pipeline import check_pipeline_fits
-from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
 from verl.utils.amp_optimizer import adamw_kwargs, build_amp_optimizer, build_scheduler
 from verl.workers.actor.megatron_actor import MegatronPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
@@ -80,8 +78,7 @@ def build_megatron_actor(
     tp = actor_config.megatron.tensor_model_parallel_size
     pp = actor_config.megatron.pipeline_model_parallel_size
     hf_config, hf_state_dict = _resolve_hf_model(hf_config_or_path, hf_state_dict)
-    check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
-    check_pipeline_fits(hf_config, pp, f"{key}.pipeline_model_parallel_size", actor_config.megatron.pipeline_split())
+    actor_config.megatron.check_fits(hf_config, key)
     # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path holds
     # fp16/bf16 parameters with fp32 main copies inside its optimizer. A frozen model on the GPU path holds
     # fp16/bf16 parameters and nothing else.

@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, load_state, load_weights, save_state, save_weights
+from verl.utils.checkpoint import (
+    TRAIN_STATE_FILE,
+    WEIGHTS_FILE,
+    load_state,
+    load_weights,
+    save_state,
+    save_weights,
+    shard_name,
+)
 
 if TYPE_CHECKING:
     from verl.workers.actor.update_loop import UpdateLoop
@@ -35,8 +43,7 @@ HF_EXPORT_DIR = "huggingface"
 def shard_directory(directory: str | os.PathLike, tp_rank: int, stage: int | None = None) -> Path:
     """Where tensor-parallel rank ``tp_rank`` (of pipeline stage ``stage``, None without stages) keeps its shards
     inside a checkpoint directory."""
-    name = f"mp_rank_{tp_rank:02d}" if stage is None else f"mp_rank_{tp_rank:02d}_{stage:03d}"
-    return Path(directory) / name
+    return Path(directory) / shard_name(tp_rank, stage)
 
 
 def _ranks() -> tuple[int, int | None, int]:

@@ -285,9 +285,22 @@ class MegatronConfig(BaseConfig):
         """The ``override_transformer_config`` entries that share the layers out over the pipeline stages."""
         return {name: value for name, value in self._transformer_items() if name in PIPELINE_SPLIT_FIELDS}
 
+    def check_fits(self, hf_config: Any, key: str) -> None:
+        """Refuse a tensor-parallel size or pipeline layout of this section (``key``) that the model of ``hf_config``
+        cannot be split by (heads and query groups that do not split evenly, layers that do not share out over the
+        stages); the driver checks it before Ray starts, the builders again when they build the model."""
+        from verl.models.mcore.pipeline import check_pipeline_fits
+        from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
+
+        check_tensor_parallel_fits(hf_config, self.tensor_model_parallel_size, f"{key}.tensor_model_parallel_size")
+        check_pipeline_fits(
+            hf_config, self.pipeline_model_parallel_size, f"{key}.pipeline_model_parallel_size", self.pipeline_split()
+        )
+
     @property
-    def is_model_parallel(self) -> bool:
-        return (self.tensor_model_parallel_size, self.pipeline_model_parallel_size) != (1, 1)
+    def model_parallel_size(self) -> int:
+        """Over how many ranks one copy of the model is split: tensor-parallel ranks x pipeline stages."""
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
     def same_layout(self, other: MegatronConfig) -> bool:
         """Whether two sections split a model alike (megatron-core keeps one set of groups per process)."""

@@ -566,9 +566,7 @@ class PPOConfig(BaseConfig):
         """How many ranks split ``section``'s model (megatron tensor parallelism x pipeline stages; 1 for any other
         backend)."""
         strategy = self.critic_strategy if section is self.critic else self.actor_rollout_ref.actor.strategy
-        if strategy != "megatron":
-            return 1
-        return section.megatron.tensor_model_parallel_size * section.megatron.pipeline_model_parallel_size
+        return section.megatron.model_parallel_size if strategy == "megatron" else 1
 
     def _check_micro_batch_sizes_set(self) -> None:
         """Each pass that runs splits by a sample count unless it and the actor both have token budgets (verl asks

@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_into_mcore
-from verl.models.mcore.model import gpt_inputs
-from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, check_pipeline_fits, stage_forward
-from verl.models.mcore.tensor_parallel import check_tensor_parallel_fits
+from verl.models.mcore.model import batch_gpt_inputs
+from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.workers.actor.backend import MegatronBackend
 from verl.workers.actor.megatron_builder import adapter_groups, add_megatron_lora, pipeline_stage_note
@@ -108,10 +107,8 @@ class MegatronPPOCritic(BasePPOCritic):
         self, config: CriticConfig, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, **loop_parts
     ):
         self.model = model
-        backend = MegatronBackend(model)
-        super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
-        # this rank's pipeline stage (None: the whole model is here)
-        self.stage = PipelineStage.of_this_rank() if backend.pipeline_parallel_size() > 1 else None
+        super().__init__(config, optimizer, lr_scheduler, backend=MegatronBackend(model), **loop_parts)
+        self.stage = PipelineStage.of_model(model)  # this rank's pipeline stage (None: the whole model is here)
 
     def model_module(self) -> torch.nn.Module:
         return self.backend.module()
@@ -123,14 +120,10 @@ class MegatronPPOCritic(BasePPOCritic):
         """This rank's stage of the forward pass over a micro-batch's whole columns: (the hidden states received,
         the output), the last stage's output being the (B, S, 1) values."""
         batch = micro.batch
-        return stage_forward(
-            self.model, self.stage, **gpt_inputs(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-        )
+        return stage_forward(self.model, self.stage, **batch_gpt_inputs(batch))
 
     def _loss_from_model_output(self, micro, output, temperature):
-        return self._loss_from_values(
-            micro, response_values(output[..., 0].float(), micro.batch["responses"].shape[-1])
-        )
+        return self._loss_from_values(micro, _response_values_of(micro, output))
 
     def _forward_response_values(self, micro):
         if self.stage is None:
@@ -138,9 +131,14 @@ class MegatronPPOCritic(BasePPOCritic):
         with self.autocast():
             _, output = self.run_stage(micro)
         shape = tuple(micro.batch["responses"].shape)
-        mine = [response_values(output[..., 0].float(), shape[-1]) if self.stage.is_last else None]
+        mine = [_response_values_of(micro, output) if self.stage.is_last else None]
         device = micro.batch["input_ids"].device
         return broadcast_from_last_stage(self.stage, mine, [shape], torch.float32, device)[0]
+
+
+def _response_values_of(micro, output: torch.Tensor) -> torch.Tensor:
+    """The (B, R) values of a micro-batch's response positions from the model's (B, S, 1) output."""
+    return response_values(output[..., 0].float(), micro.batch["responses"].shape[-1])
 
 
 def build_megatron_critic(
@@ -176,8 +174,7 @@ def build_megatron_critic(
     # the one chooser of the training path, told that the critic has no megatron-core optimizer path yet
     megatron.training_path(device.type, key, has_megatron_optimizer_path=False)
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
-    check_tensor_parallel_fits(hf_config, tp, f"{key}.tensor_model_parallel_size")
-    check_pipeline_fits(hf_config, pp, f"{key}.pipeline_model_parallel_size", megatron.pipeline_split())
+    megatron.check_fits(hf_config, key)
     overrides = megatron.transformer_overrides(device.type)
     if overrides.get("sequence_parallel"):
         logger.info("%s.sequence_parallel: the critic runs without it (its value head takes whole sequences)", key)
