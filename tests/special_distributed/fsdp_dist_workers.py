@@ -201,6 +201,36 @@ def _padding_free(rank: int) -> dict:
     }
 
 
+def _token_budget_lockstep(rank: int) -> dict:
+    """fp32, micro-batches by a token budget of 16 over rows of 8 tokens (4 prompt + 4 response): rank 0's rows are
+    whole (real tokens 7, 7, 8 x 6 -> 4 micro-batches of two), rank 1's responses end after 1 token (4, 5 x 7 ->
+    4+5+5 | 5+5+5 | 5+5: 3). Unagreed, rank 1 would stop after 3 forwards while rank 0 gathers parameters for a 4th.
+    Counts the forward passes of the log-prob pass and of one update, against the same update by sample count."""
+    from verl.workers.config.roles import MicroBatching
+
+    budget = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 16}
+    actors = [_actor(), _actor(**budget)]
+    batch = _batch(actors[0], rank)
+    if rank == 1:
+        batch.batch["attention_mask"][:, 5:] = 0
+        batch.batch["response_mask"][:, 1:] = 0
+    forwards = []
+    actors[1].actor_module.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    whole, _ = actors[1].compute_log_prob(batch)
+    by_budget, _ = actors[1].compute_log_prob(batch, MicroBatching(size=None, use_dynamic_bsz=True, max_token_len=16))
+    log_prob_forwards = len(forwards) - 1
+    mask = batch.batch["response_mask"].bool()
+    for actor in actors:
+        actor.update_policy(batch)
+    full = [{k: v.full_tensor() for k, v in a.actor_module.state_dict().items()} for a in actors]
+    return {
+        "log_prob_forwards": log_prob_forwards,
+        "update_forwards": len(forwards) - 1 - log_prob_forwards,
+        "max_log_prob_diff": (whole[mask] - by_budget[mask]).abs().max().item(),
+        "max_weight_diff": max((full[0][k] - full[1][k]).abs().max().item() for k in full[0]),
+    }
+
+
 def _rollout_stop(rank: int) -> dict:
     """The naive rollout over a logits_fn that is a collective: rank 0's rows end at token 1, rank 1's at token 2
     (first call), and never (second call)."""
@@ -238,6 +268,7 @@ def fsdp_training_scenarios(rank: int, world_size: int, port: int, queue) -> Non
         "strict": _strict_stop,
         "critic": _critic_overflow,
         "padding_free": _padding_free,
+        "token_budget": _token_budget_lockstep,
         "rollout": _rollout_stop,
     }
     _run(rank, world_size, port, queue, scenarios)

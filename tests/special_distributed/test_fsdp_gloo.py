@@ -111,6 +111,16 @@ def test_padding_free_passes_work_with_ranks_packing_to_different_lengths(result
         assert r["max_weight_diff"] < 1e-4
 
 
+def test_a_token_budget_cuts_as_many_micro_batches_on_every_rank(results):
+    ranks = scenario(results, "token_budget")
+    # rank 0's long rows make 4 micro-batches of 16 tokens, rank 1's short ones 3; both run 4 (rank 1 halves its
+    # largest micro-batch), in the log-prob pass and in the update's one mini-batch
+    assert [(r["log_prob_forwards"], r["update_forwards"]) for r in ranks] == [(4, 4), (4, 4)]
+    for r in ranks:
+        assert r["max_log_prob_diff"] < 1e-5  # the same log-probs as in one pass
+        assert r["max_weight_diff"] < 1e-4  # the same update as by sample count (see the padding-free test)
+
+
 def test_the_rollout_takes_the_same_number_of_forward_passes_on_every_rank(results):
     ranks = scenario(results, "rollout")
     # first call: rank 0 ends at token 1, rank 1 at token 2 -> both stop after 2 passes; second call: rank 1 never

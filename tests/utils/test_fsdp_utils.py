@@ -13,8 +13,8 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 @pytest.mark.parametrize(
     ("dtype", "kwargs", "expected"),
     [
-        # the policies before verl's mixed_precision keys existed: fp32 has none, fp16/bf16 reduce in fp32
-        (F32, {}, MixedPrecisionPolicy()),
+        # the policies before verl's mixed_precision keys existed: fp32 throughout, fp16/bf16 reduce in fp32
+        (F32, {}, MixedPrecisionPolicy(param_dtype=F32, reduce_dtype=F32)),
         (F16, {}, MixedPrecisionPolicy(param_dtype=F16, reduce_dtype=F32)),
         (BF16, {}, MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=F32)),
         # verl's run_qwen3-32b_npu.sh on fp16 compute: gathered and reduced in bf16
@@ -22,7 +22,7 @@ F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
         # fp32 compute with a bf16 gradient reduction only
         (F32, {"reduce_dtype": BF16}, MixedPrecisionPolicy(param_dtype=F32, reduce_dtype=BF16)),
         # fp16 compute over weights gathered in fp32 (autocast casts per operation)
-        (F16, {"param_dtype": F32}, MixedPrecisionPolicy()),
+        (F16, {"param_dtype": F32}, MixedPrecisionPolicy(param_dtype=F32, reduce_dtype=F32)),
     ],
 )
 def test_the_policy_gathers_in_param_dtype_and_reduces_in_reduce_dtype(dtype, kwargs, expected):

@@ -1,9 +1,10 @@
 """Micro-batches by sample count or by token budget (``use_dynamic_bsz``): bounds derived by hand."""
 
+import pytest
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.micro_batching import sort_by_length, split_micro_batches, token_budget_bounds
+from verl.utils.micro_batching import sort_by_length, split_micro_batches, split_to_count, token_budget_bounds
 from verl.workers.config.roles import MicroBatching
 
 
@@ -29,6 +30,17 @@ def test_split_keeps_order_and_every_row():
     assert [m.batch["row"].tolist() for m in by_tokens] == [[0, 1], [2, 3], [4]]
     by_count = split_micro_batches(batch, MicroBatching(size=2, use_dynamic_bsz=False, max_token_len=9))
     assert [len(m) for m in by_count] == [2, 2, 1]  # the budget is unused without use_dynamic_bsz
+
+
+def test_split_to_count_halves_the_largest_micro_batch_and_keeps_the_order():
+    batch = batch_of_lengths([1, 1, 1, 1, 1, 1, 1])
+    micro_batches = [batch[0:4], batch[4:5], batch[5:7]]  # 4, 1 and 2 rows
+    # to 5: the 4 is halved (2, 2, 1, 2), then the first of the largest, the first 2 (1, 1, 2, 1, 2)
+    split = split_to_count(micro_batches, 5)
+    assert [m.batch["row"].tolist() for m in split] == [[0], [1], [2, 3], [4], [5, 6]]
+    assert split_to_count(micro_batches, 3) == micro_batches  # already there
+    with pytest.raises(ValueError, match="7 rows cannot make 8 micro-batches"):
+        split_to_count(micro_batches, 8)
 
 
 def test_sort_by_length_is_stable_and_restorable():

@@ -144,20 +144,22 @@ def test_micro_batching_gives_the_same_scores(tiny_rm, overrides):
 
 
 def test_a_sharded_scorer_runs_as_many_forwards_as_the_busiest_rank(tiny_rm, monkeypatch):
-    # Every forward of an FSDP2 model is a collective. Rows of 6, 7, 6 and 4 real tokens with a budget of 9 tokens
-    # make 4 micro-batches here (sorted 4, 6, 6, 7: no two fit together); a rank that cut 5 makes this one run a
-    # fifth forward, whose scores are dropped.
-    from verl.workers import reward_model
+    # Every forward of an FSDP2 model is a collective. Rows of 6, 7, 6 and 4 real tokens with a budget of 13 tokens
+    # make 2 micro-batches here (sorted 4, 6 | 6, 7); a rank that cut 3 makes this one cut its first micro-batch in
+    # two, so that both run 3 forwards, and no row is scored twice or left out.
+    from verl.utils import micro_batching
 
-    monkeypatch.setattr(reward_model.dist, "all_reduce", lambda tensor, op=None, group=None: tensor.fill_(5))
-    config = reward_config(tiny_rm, "reward_model.use_dynamic_bsz=true", "reward_model.forward_max_token_len_per_gpu=9")
+    monkeypatch.setattr(micro_batching.dist, "all_reduce", lambda tensor, op=None, group=None: tensor.fill_(3))
+    config = reward_config(
+        tiny_rm, "reward_model.use_dynamic_bsz=true", "reward_model.forward_max_token_len_per_gpu=13"
+    )
     sharded = RewardModelScorer(config, load_reward_model(tiny_rm), "cpu", process_group=object())
     forwards = []
     real_score = sharded.score_micro_batch
     monkeypatch.setattr(sharded, "score_micro_batch", lambda micro: forwards.append(len(micro)) or real_score(micro))
     batch = rollout_batch(PROMPTS, RESPONSES)
     scores = sharded.compute_rm_score(batch).batch["rm_scores"]
-    assert forwards == [1, 1, 1, 1, 1]
+    assert forwards == [1, 1, 2]
     torch.testing.assert_close(scores, scorer(tiny_rm).compute_rm_score(batch).batch["rm_scores"], atol=1e-5, rtol=0)
 
 

@@ -46,10 +46,10 @@ def mixed_precision_policy(
 ) -> MixedPrecisionPolicy:
     """The FSDP2 policy of a model computing in ``dtype``: the weights gathered in ``param_dtype`` (None: ``dtype``),
     the gradients reduce-scattered in ``reduce_dtype``. fp16/bf16 over fp32 shards with the defaults: fp32
-    gradient reduction; fp32 throughout: no casts at all. FSDP2 skips a cast to the dtype a shard already has."""
+    gradient reduction. Always explicit: FSDP2 skips a cast to the dtype a shard already has (fp32 over fp32 shards
+    costs nothing), while an empty policy would gather shards stored in bf16 (a reference's ``model_dtype``) as
+    they are, and an fp32 run would compute that model in bf16."""
     param_dtype = dtype if param_dtype is None else param_dtype
-    if param_dtype == reduce_dtype == torch.float32:
-        return MixedPrecisionPolicy()
     # reduce in fp32 by default: averaging fp16 gradients over ranks would round (and could overflow) a second time
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 

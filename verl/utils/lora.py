@@ -82,9 +82,10 @@ def add_lora_adapters(module: torch.nn.Module, model_config: Any, *, key: str = 
         try:
             peft_model = get_peft_model(module, lora_config(model_config))
         except ValueError as error:  # peft's "Target modules ... not found in the base model"
+            excluded = getattr(model_config, "exclude_modules", None)  # the critic's section has none
             raise ValueError(
                 f"{key}.target_modules={model_config.target_modules!r} (with exclude_modules="
-                f"{model_config.exclude_modules!r}) selects no linear layer of {type(module).__name__}: {error} "
+                f"{excluded!r}) selects no linear layer of {type(module).__name__}: {error} "
                 "Name linear layers of the model (e.g. [q_proj, v_proj]) or use all-linear."
             ) from error
     _check_rank_fits(peft_model, key)

@@ -9,9 +9,11 @@ the budget on its own is a micro-batch of one (the config refuses budgets below 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from verl.protocol import DataProto
 
@@ -66,11 +68,61 @@ def sort_by_length(data: DataProto) -> tuple[DataProto, torch.Tensor]:
     return data.select_idxs(order), torch.argsort(order)
 
 
-def split_by_length(data: DataProto, batching: MicroBatching) -> tuple[list[DataProto], torch.Tensor]:
+def split_to_count(micro_batches: list[DataProto], count: int) -> list[DataProto]:
+    """``micro_batches`` cut further, until there are ``count`` of them: the one with the most rows is halved each
+    time (its first half, then its second, in place), so the rows keep their order and every micro-batch stays within
+    the token budget it was cut to.
+
+    Example: micro-batches of 4, 1 and 2 rows to a count of 5 -> 2, 2, 1, 1, 1 (the 4 halved, then the 2).
+
+    Raises:
+        ValueError: fewer rows than ``count`` (a micro-batch cannot be empty).
+    """
+    micro_batches = list(micro_batches)
+    num_rows = sum(len(micro) for micro in micro_batches)
+    if count > num_rows:
+        raise ValueError(f"{num_rows} rows cannot make {count} micro-batches: every micro-batch needs a row.")
+    while len(micro_batches) < count:
+        largest = max(range(len(micro_batches)), key=lambda index: len(micro_batches[index]))
+        micro = micro_batches[largest]
+        half = (len(micro) + 1) // 2
+        micro_batches[largest : largest + 1] = [micro[:half], micro[half:]]
+    return micro_batches
+
+
+def split_by_length(
+    data: DataProto, batching: MicroBatching, lockstep: LockstepGroup | None = None
+) -> tuple[list[DataProto], torch.Tensor]:
     """Micro-batches of ``data`` cut from its length-sorted rows (:func:`sort_by_length`, then
     :func:`split_micro_batches`), and the index that puts the concatenated per-row outputs back in ``data``'s order.
 
     What every pass over micro-batches uses: the update, the log-prob passes and the critic's value pass.
+
+    Args:
+        lockstep: the ranks that must run as many forward passes as this one (a model sharded over them, FSDP2, whose
+            every forward and backward is a collective), or None. A token budget cuts each rank's rows into its own
+            number of micro-batches (long rows, more of them); with ``lockstep`` the ranks agree on the largest count
+            (one small all-reduce) and the others cut theirs further (:func:`split_to_count`). Each rank must hold at
+            least that many rows, which the dispatch's equal shares give. A count by samples is equal on every rank
+            already, and no collective is made.
     """
     by_length, restore = sort_by_length(data)
-    return split_micro_batches(by_length, batching), restore
+    micro_batches = split_micro_batches(by_length, batching)
+    if lockstep is not None and batching.use_dynamic_bsz:
+        micro_batches = split_to_count(micro_batches, lockstep.largest(len(micro_batches)))
+    return micro_batches, restore
+
+
+@dataclass(frozen=True)
+class LockstepGroup:
+    """Ranks that must take the same number of forward passes: a process group and the device its collectives
+    take tensors on (``"cpu"`` for gloo, ``"cuda"`` for NCCL)."""
+
+    group: Any
+    device: str
+
+    def largest(self, count: int) -> int:
+        """The largest ``count`` over the group's ranks (a collective: every rank calls it)."""
+        reduced = torch.tensor([count], dtype=torch.long, device=self.device)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=self.group)
+        return int(reduced.item())

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
-from verl.utils.micro_batching import split_by_length
+from verl.utils.micro_batching import LockstepGroup, split_by_length
 from verl.utils.padding_free import forward_packed, real_column_span
 from verl.workers.config import PPOConfig
 from verl.workers.config.reward_model import RewardModelConfig
@@ -212,16 +212,10 @@ class RewardModelScorer:
 
     def score_sequences(self, inputs: DataProto) -> torch.Tensor:
         """(B,) scores of the rows of ``inputs`` (``input_ids``, ``attention_mask``, ``position_ids``), in order."""
-        micro_batches, restore = split_by_length(inputs, self.batching)
-        num_real = len(micro_batches)
-        if self.process_group is not None and self.batching.use_dynamic_bsz:
-            # every forward of a sharded model is a collective: ranks whose token budget cut fewer micro-batches
-            # run the extra ones on a row of their own, whose scores are dropped
-            count = torch.tensor([num_real], dtype=torch.long)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.process_group)
-            micro_batches += [micro_batches[-1][:1]] * (int(count.item()) - num_real)
-        scores = [self.score_micro_batch(micro) for micro in micro_batches]
-        return torch.cat(scores[:num_real])[restore]
+        # every forward of a sharded model is a collective: the ranks cut their rows into as many micro-batches
+        lockstep = None if self.process_group is None else LockstepGroup(self.process_group, "cpu")
+        micro_batches, restore = split_by_length(inputs, self.batching, lockstep)
+        return torch.cat([self.score_micro_batch(micro) for micro in micro_batches])[restore]
 
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """``rm_scores`` (B, R): each response's score on its last token.

@@ -139,3 +139,25 @@ def test_merge_names_what_is_missing():
     state = {"l.linear_qkv.weight": torch.zeros(2, 2), "l.linear_qkv.adapter.lora_A.weight": torch.zeros(1, 2)}
     with pytest.raises(ValueError, match=r"LoRA layer l.linear_qkv lacks .*lora_B.weight"):
         merge_lora_state_dict(state)
+
+
+def test_an_excluded_layer_is_named_as_in_the_whole_model_on_any_stage():
+    # The second of two pipeline stages holds the whole model's layers 2 and 3 (0-based) as its own layers 0 and 1
+    # (megatron numbers layer_number from 1 over the whole model). Excluding decoder.layers.3.mlp.linear_fc1 must
+    # leave out that stage's second layer, not its first, nor nothing.
+    from verl.models.mcore.lora import _targets
+
+    class Layer(torch.nn.Module):
+        def __init__(self, layer_number):
+            super().__init__()
+            self.layer_number = layer_number
+            self.mlp = torch.nn.Module()
+            self.mlp.linear_fc1 = torch.nn.Linear(2, 2)
+
+    stage = torch.nn.Module()
+    stage.decoder = torch.nn.Module()
+    stage.decoder.layers = torch.nn.ModuleList([Layer(3), Layer(4)])
+    found = [name for name, _ in _targets(stage, ["linear_fc1"], ["decoder.layers.3.mlp.linear_fc1"])]
+    assert found == ["decoder.layers.0.mlp.linear_fc1"]
+    # a pattern without a layer number matches on every stage, as before
+    assert _targets(stage, ["linear_fc1"], ["linear_fc1"]) == []

@@ -130,9 +130,34 @@ def test_bypass_mode_rejects_against_the_current_policy():
     loss, metrics = ca.compute_policy_loss_bypass_mode(
         rollout, log_prob, torch.ones(1, 2), torch.ones(1, 2), "token-mean", config
     )
-    # only the second token is left: max(-0.5, -0.8) = -0.5
-    assert loss.item() == pytest.approx(-0.5, rel=1e-5)
+    # only the second token is left, max(-0.5, -0.8) = -0.5, over the 2 valid tokens: -0.25
+    assert loss.item() == pytest.approx(-0.25, rel=1e-5)
     assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.5
+
+
+def test_bypass_mode_with_rejection_adds_up_over_micro_batches():
+    # REINFORCE with rejection, 2 rows x 4 tokens, A = 1. Row 0: pi = mu on every token (all kept); row 1: pi / mu = 3
+    # on its first 3 tokens (rejected by token_k1 at 2.0), 1 on its last. Over the mini-batch, token-mean over the 8
+    # valid tokens: d loss / d log pi = -1/8 on each kept token. Micro-batches of one row each, weighted by their
+    # valid tokens (4 of 8 each), must give the same -1/8: row 1's one kept token must not get -1/1 x 4/8 = -1/2.
+    mu = torch.full((2, 4), 0.25).log()
+    pi = torch.tensor([[0.25] * 4, [0.75, 0.75, 0.75, 0.25]]).log()
+    config = _bypass_config(loss_type="reinforce", rollout_rs="token_k1", rollout_rs_threshold=2.0)
+    mask, advantages = torch.ones(2, 4), torch.ones(2, 4)
+
+    def grad_of(rows_per_micro_batch):
+        log_prob = pi.clone().requires_grad_(True)
+        for start in range(0, 2, rows_per_micro_batch):
+            rows = slice(start, start + rows_per_micro_batch)
+            loss, _ = ca.compute_policy_loss_bypass_mode(
+                mu[rows], log_prob[rows], advantages[rows], mask[rows], "token-mean", config
+            )
+            (loss * mask[rows].sum() / mask.sum()).backward()  # the update loop's weight: its share of the tokens
+        return log_prob.grad
+
+    whole = grad_of(2)
+    torch.testing.assert_close(whole, torch.tensor([[-0.125] * 4, [0.0, 0.0, 0.0, -0.125]]))
+    torch.testing.assert_close(grad_of(1), whole)
 
 
 def test_bypass_mode_needs_its_settings():

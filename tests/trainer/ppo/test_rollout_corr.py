@@ -184,3 +184,14 @@ def test_metrics_from_logprobs_are_the_off_policy_ones_prefixed():
     m = helper.compute_rollout_corr_metrics_from_logprobs(PI, MU, MASK)
     assert m["rollout_corr/kl"] == pytest.approx(2 * LOG2 / 3)
     assert all(key.startswith("rollout_corr/") for key in m) and "rollout_corr/training_ppl" in m
+
+
+def test_the_share_of_rejected_sequences_counts_sequences_with_a_valid_token():
+    # 3 rows: row 0 far off (log r = 3 > log 2: token_k1 at 2.0 rejects it), row 1 on policy, row 2 all padding.
+    # 1 of the 2 sequences with a valid token is rejected: 1/2, for the criterion and over all of them (not 1/3)
+    log_ratio = torch.tensor([[3.0, 3.0], [0.0, 0.0], [0.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [0, 0]])
+    kept, m = helper.compute_rollout_rejection_mask(log_ratio, mask, "token_k1", 2.0)
+    assert kept.tolist() == [[0, 0], [1, 1], [0, 0]]
+    assert m["rollout_rs_token_k1_seq_masked_fraction"] == 0.5
+    assert m["rollout_rs_seq_masked_fraction"] == 0.5

@@ -48,6 +48,7 @@ def test_every_backend_answers_every_question_in_its_own_class(backend_cls):
     questions = set(TrainingBackend.__abstractmethods__)
     assert questions == {
         "autocast",
+        "lockstep",
         "backward_mini_batch",
         "step",
         "loss_scale",

@@ -307,6 +307,19 @@ def test_bf16_master_weights_train_as_bf16_shards_with_bf16_adam_state():
     assert not torch.equal(before["model.norm.weight"], after["model.norm.weight"])  # lr 1e-2 moved them
 
 
+def test_an_fp32_run_computes_a_reference_stored_in_bf16_in_fp32():
+    # ref.fsdp_config.model_dtype=bf16 stores the frozen reference's shards in bf16; the run computes in fp32, so
+    # FSDP2 must gather them as fp32 (an empty policy would gather bf16 and the log-probs would carry bf16 rounding)
+    reference = make_fsdp_actor(trainable=False, fsdp_config={"model_dtype": "bf16"})
+    assert {p.to_local().dtype for p in reference.actor_module.parameters()} == {torch.bfloat16}
+    seen = []
+    reference.actor_module.model.layers[0].mlp.down_proj.register_forward_hook(
+        lambda module, args, output: seen.append((module.weight.dtype, output.dtype))
+    )
+    log_probs, _ = reference.compute_log_prob(ppo_batch())
+    assert seen == [(torch.float32, torch.float32)] and log_probs.dtype == torch.float32
+
+
 def test_a_16_bit_master_copy_under_another_training_dtype_is_refused_where_the_model_is_sharded():
     # the start-up check's rule, also where a model is built without a whole config (load_section)
     with pytest.raises(ValueError, match=r"actor_rollout_ref.actor.fsdp_config.model_dtype=bf16 with "):

@@ -302,3 +302,13 @@ def test_critic_lora_takes_its_backends_form_and_is_checked_against_the_model():
     with pytest.raises(ValueError, match=r"critic.model.lora_rank=64 is larger than the width of .*k_proj"):
         compose_ppo_config([*gae, "critic.model.lora_rank=64"])
     assert compose_ppo_config([*gae, "critic.model.lora_rank=8"]).critic.model.lora_rank == 8
+
+
+def test_critic_targets_that_name_no_layer_are_named_in_the_error():
+    # the critic's model section has no exclude_modules: the error about its targets must still be the ValueError
+    from verl.workers.config import CriticConfig
+
+    critic_model = load_section(CriticConfig, {"model": {"lora_rank": 4, "target_modules": ["no_such_proj"]}}).model
+    assert not hasattr(critic_model, "exclude_modules")
+    with pytest.raises(ValueError, match=r"critic.model.target_modules=\['no_such_proj'\] \(with exclude_modules=None"):
+        add_lora_adapters(tiny_qwen2(0), critic_model, key="critic.model")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from tests.workers.actor.conftest import PROMPT, RESPONSE, actor_config, ppo_batch, tiny_qwen2
+from verl.trainer.ppo.loss_agg import loss_share
 from verl.workers.actor.dp_actor import build_dp_actor
-from verl.workers.actor.update_loop import loss_share
 
 
 def test_loss_share_by_hand():

@@ -188,13 +188,23 @@ def _layer_number(model: torch.nn.Module, name: str) -> int:
     return int(model.decoder.layers[int(parts[2])].layer_number)
 
 
+def _whole_model_name(model: torch.nn.Module, name: str) -> str:
+    """``name`` with its layer numbered as in the whole model: a pipeline stage numbers its own layers from 0."""
+    number = _layer_number(model, name)
+    if number == 0:
+        return name
+    parts = name.split(".")
+    return ".".join([*parts[:2], str(number - 1), *parts[3:]])
+
+
 def _targets(model: torch.nn.Module, targets: Sequence[str], exclude: Sequence[str]) -> list[tuple[str, Any]]:
     found = []
     for name, module in model.named_modules():
         kind = name.rsplit(".", 1)[-1]
         if kind not in (*COLUMN_PARALLEL, *ROW_PARALLEL) or kind not in targets:
             continue
-        if any(name == pattern or name.endswith(f".{pattern}") for pattern in exclude):
+        whole_name = _whole_model_name(model, name)  # an excluded layer is named as in the whole model
+        if any(whole_name == pattern or whole_name.endswith(f".{pattern}") for pattern in exclude):
             continue
         found.append((name, module))
     return found

@@ -70,6 +70,37 @@ def agg_loss(
     raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not supported; use one of {list(LOSS_AGG_MODES)}.")
 
 
+def loss_share(micro_mask: torch.Tensor, mini_mask: torch.Tensor, aggregation: str) -> float:
+    """The weight of a micro-batch's loss in its mini-batch, under the loss's aggregation.
+
+    A micro-batch's loss is normalised by its own count (tokens, sequences); scaled by its share of the mini-batch's
+    count, the accumulated gradients equal those of the mini-batch's loss. ``token-mean`` shares by valid tokens,
+    ``seq-mean-token-sum`` / ``seq-mean-token-mean`` by sequences with a valid token (the ones ``agg_loss``
+    counts), ``row-mean`` by rows; ``token-sum`` and ``seq-mean-token-sum-norm`` divide by nothing that depends on
+    the micro-batch (a sum, or a constant), so each micro-batch counts whole (1).
+
+    Args:
+        micro_mask: (b, R) the micro-batch's response mask.
+        mini_mask: (B, R) the mini-batch's response mask.
+        aggregation: an ``agg_loss`` mode or ``"row-mean"``.
+
+    Raises:
+        ValueError: an unknown aggregation.
+    """
+    if aggregation == "token-mean":
+        return float(micro_mask.sum()) / max(float(mini_mask.sum()), 1.0)
+    if aggregation in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float((micro_mask.sum(-1) > 0).sum()) / max(float((mini_mask.sum(-1) > 0).sum()), 1.0)
+    if aggregation == "row-mean":
+        return micro_mask.shape[0] / max(mini_mask.shape[0], 1)
+    if aggregation in ("token-sum", "seq-mean-token-sum-norm"):
+        return 1.0
+    raise ValueError(
+        f"loss aggregation {aggregation!r} is not supported; use token-mean, token-sum, seq-mean-token-sum, "
+        "seq-mean-token-mean, seq-mean-token-sum-norm (or row-mean for a loss that averages over rows)."
+    )
+
+
 def compute_entropy_loss(
     logits: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str = "token-mean"
 ) -> torch.Tensor:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from verl.trainer.ppo.algo_registry import clip_bounds, policy_loss_option, read_key
+from verl.trainer.ppo.loss_agg import loss_share
 from verl.trainer.ppo.policy_losses import clamped_log_ratio, compute_policy_loss_vanilla, register, weighted_agg
 from verl.utils.torch_functional import masked_mean
 
@@ -116,8 +117,8 @@ def compute_policy_loss_dppo_tv(
     ``clip_ratio_high`` are those probability budgets, not PPO ratio ranges.
 
     Returns:
-        ``(pg_loss, {"pg_clipfrac" (share of dropped tokens), "ppo_kl", "pg_clipfrac_lower" (share of kept tokens
-        whose ratio was truncated at clip_ratio_c)})``.
+        ``(pg_loss, {"pg_clipfrac" (share of dropped tokens), "ppo_kl", "pg_clipfrac_lower" (share of the valid
+        tokens that were kept and had their ratio truncated at clip_ratio_c)})``.
     """
     low, high = clip_bounds(config, "dppo_tv")
     moved = log_prob.exp() - old_log_prob.exp()
@@ -218,9 +219,12 @@ def compute_policy_loss_bypass_mode(
     ``rollout_is_threshold``, ``rollout_is_batch_normalize``, ``rollout_rs``, ``rollout_rs_threshold``; see
     :func:`~verl.trainer.ppo.rollout_corr_helper.compute_rollout_correction_and_rejection_mask`). The importance
     weights pi / pi_rollout and the rejection mask are computed from the current log-probs (detached); rejected
-    tokens leave the loss. ``loss_type: ppo_clip`` runs :func:`compute_policy_loss_vanilla` against the
-    rollout log-probs, without the weights, since its ratio already is pi / pi_rollout; ``reinforce`` runs
-    :func:`compute_policy_loss_reinforce` with them. The ``rollout_is_weights`` argument is ignored.
+    tokens leave the loss but still count in its normaliser (the valid tokens, or sequences, of ``response_mask``),
+    so that micro-batches add up to their mini-batch's loss. ``loss_type: ppo_clip`` runs
+    :func:`compute_policy_loss_vanilla` against the rollout log-probs, without the weights, since its ratio already is
+    pi / pi_rollout; ``reinforce`` runs :func:`compute_policy_loss_reinforce` with them. The ``rollout_is_weights``
+    argument is ignored. ``rollout_is_batch_normalize`` normalises over the rows the loss is given (a micro-batch), as
+    in verl, whose bypass loss also runs per micro-batch.
 
     Returns:
         ``(pg_loss, metrics)``: the chosen loss's metrics and the rollout-correction metrics (``rollout_corr/*``).
@@ -258,5 +262,10 @@ def compute_policy_loss_bypass_mode(
         pg_loss, metrics = compute_policy_loss_vanilla(
             old_log_prob, log_prob, advantages, kept_mask, loss_agg_mode, config, None
         )
+    # Rejected tokens leave the loss, not its normaliser: the loss above is normalised by the kept tokens (or
+    # sequences); rescaled to this micro-batch's valid ones, the micro-batches add up to the mini-batch's loss over all
+    # its valid tokens (UpdateLoop weights them by valid tokens), whatever rows each micro-batch holds and whichever
+    # the rejection hit, as verl's loss normalised by the mini-batch's token count.
+    pg_loss = pg_loss * loss_share(kept_mask, response_mask, loss_agg_mode)
     metrics.update(correction_metrics)
     return pg_loss, metrics

@@ -191,7 +191,10 @@ def compute_rollout_rejection_mask(
             rejected_seq[seq_valid].float().mean().item() if seq_valid.any() else 0.0
         )
     metrics["rollout_rs_masked_fraction"] = masked_mean((~keep_all).float(), response_mask).item()
-    metrics["rollout_rs_seq_masked_fraction"] = (~keep_all & valid).any(dim=-1).float().mean().item()
+    rejected_seq = (~keep_all & valid).any(dim=-1)  # over the sequences with a valid token, as per option above
+    metrics["rollout_rs_seq_masked_fraction"] = (
+        rejected_seq[seq_valid].float().mean().item() if seq_valid.any() else 0.0
+    )
     return (response_mask * keep_all).to(response_mask.dtype), metrics
 
 

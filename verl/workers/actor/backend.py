@@ -22,7 +22,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, load_state, load_weights, save_state, save_weights
-from verl.utils.micro_batching import split_by_length
+from verl.utils.micro_batching import LockstepGroup, split_by_length
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -49,6 +49,12 @@ class TrainingBackend(ABC):
     @abstractmethod
     def autocast(self, loop: UpdateLoop) -> contextlib.AbstractContextManager:
         """Mixed-precision context of a forward pass (fp16/bf16 compute over fp32 master weights)."""
+
+    @abstractmethod
+    def lockstep(self) -> LockstepGroup | None:
+        """The ranks that must run as many forward passes as this one (their every forward pass is a collective),
+        or None; passes over micro-batches agree on the count over them (:func:`~verl.utils.micro_batching.
+        split_by_length`)."""
 
     @abstractmethod
     def backward_mini_batch(self, loop: UpdateLoop, mini: DataProto, temperature: float | None) -> list[dict]:
@@ -93,7 +99,8 @@ def accumulate_micro_batches(loop: UpdateLoop, mini: DataProto, temperature: flo
     """Plain gradient accumulation: each micro-batch's loss, weighted by its share of ``mini``, backward in turn."""
     loop.optimizer.zero_grad()
     all_metrics = []
-    micro_batches, _ = split_by_length(mini, loop.micro_batching)  # similar lengths: little padding each
+    # similar lengths: little padding each
+    micro_batches, _ = split_by_length(mini, loop.micro_batching, loop.backend.lockstep())
     for micro in micro_batches:
         loss, metrics = loop._micro_batch_loss(micro, temperature)
         loop.note_loss(loss)
@@ -187,6 +194,9 @@ class DPBackend(TrainingBackend):
     def autocast(self, loop):
         return autocast_on(parameter_device_type(loop), loop.dtype)
 
+    def lockstep(self):
+        return None  # a replica per rank: the gradients are averaged once, in the step
+
     def backward_mini_batch(self, loop, mini, temperature):
         return accumulate_micro_batches(loop, mini, temperature)
 
@@ -227,6 +237,12 @@ class FSDPBackend(TrainingBackend):
 
     def autocast(self, loop):
         return autocast_on(self.mesh.device_type, loop.dtype)
+
+    def lockstep(self):
+        """The mesh's ranks: each forward pass gathers the parameters from all of them, each backward reduces."""
+        if self.mesh.size() == 1:
+            return None
+        return LockstepGroup(self.mesh.get_group(), self.mesh.device_type)
 
     def backward_mini_batch(self, loop, mini, temperature):
         return accumulate_micro_batches(loop, mini, temperature)
@@ -337,6 +353,11 @@ class MegatronBackend(TrainingBackend):
             return contextlib.nullcontext()
         return autocast_on(parameter_device_type(loop), loop.dtype)
 
+    def lockstep(self):
+        # tensor-parallel ranks and pipeline stages take the same rows, hence the same micro-batches; data-parallel
+        # replicas reduce their gradients once per step
+        return None
+
     def backward_mini_batch(self, loop, mini, temperature):
         if self.use_megatron_schedule:
             return self._backward_with_megatron_schedule(loop, mini, temperature)
@@ -432,6 +453,7 @@ class MegatronBackend(TrainingBackend):
     def _backward_with_megatron_schedule(self, loop: UpdateLoop, mini: DataProto, temperature) -> list[dict]:
         """Forward/backward every micro-batch through megatron-core's schedule (pipeline-aware)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
+        from megatron.core.utils import get_model_config
 
         from verl.models.mcore.fused_head import fused_head_request
         from verl.models.mcore.model import batch_gpt_inputs
@@ -439,7 +461,12 @@ class MegatronBackend(TrainingBackend):
         model = self.model
         model.zero_grad_buffer()
         loop.optimizer.zero_grad()
-        micro_batches = list(mini.split(loop.micro_batch_size))
+        # by sample count, or by token budget (use_dynamic_bsz) as on the other paths
+        micro_batches, _ = split_by_length(mini, loop.micro_batching)
+        rows_per_micro_batch = {len(micro) for micro in micro_batches}
+        if len(rows_per_micro_batch) > 1:
+            # stages exchange activations of one fixed shape unless told the shapes vary (then each send carries it)
+            get_model_config(model).variable_seq_lengths = True
         all_metrics: list[dict] = []
 
         def forward_step(data_iterator, model):
@@ -469,7 +496,7 @@ class MegatronBackend(TrainingBackend):
             model=[model],
             num_microbatches=len(micro_batches),
             seq_length=mini.batch["input_ids"].shape[-1],
-            micro_batch_size=loop.micro_batch_size,
+            micro_batch_size=max(rows_per_micro_batch),
             forward_only=False,
         )
         return all_metrics

@@ -22,10 +22,11 @@ from verl.trainer.ppo.core_algos import (
     kl_penalty,
     loss_aggregation,
 )
+from verl.trainer.ppo.loss_agg import loss_share
 from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import compute_response_log_probs
-from verl.workers.actor.update_loop import UpdateLoop, loss_share
+from verl.workers.actor.update_loop import UpdateLoop
 from verl.workers.config.roles import MicroBatching
 from verl.workers.rollout.decoding import IncrementalDecoder, RecomputeDecoder
 
@@ -160,7 +161,9 @@ class BasePPOActor(UpdateLoop):
         if micro_batching is None:
             micro_batching = MicroBatching(size=max(len(data), 1), use_dynamic_bsz=False, max_token_len=0)
         log_probs, entropies = [], []
-        micro_batches, restore = split_by_length(data.select(batch_keys=LOG_PROB_KEYS), micro_batching)
+        micro_batches, restore = split_by_length(
+            data.select(batch_keys=LOG_PROB_KEYS), micro_batching, self.backend.lockstep()
+        )
         for micro in micro_batches:
             log_prob, entropy = self._forward_micro_batch(micro, temperature, calculate_entropy)
             log_probs.append(log_prob.float())

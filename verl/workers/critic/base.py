@@ -108,7 +108,9 @@ class BasePPOCritic(UpdateLoop):
         has_mask = "response_mask" in data.batch.keys()
         keys = VALUE_KEYS + (["response_mask"] if has_mask else [])
         chunks = []
-        micro_batches, restore = split_by_length(data.select(batch_keys=keys), self.config.forward_micro_batching())
+        micro_batches, restore = split_by_length(
+            data.select(batch_keys=keys), self.config.forward_micro_batching(), self.backend.lockstep()
+        )
         for micro in micro_batches:
             values = self._forward_response_values(micro)
             if has_mask:
