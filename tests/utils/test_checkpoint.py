@@ -4,6 +4,7 @@ import logging
 import os
 import pickle
 import shlex
+import stat
 
 import pytest
 import torch
@@ -370,3 +371,16 @@ def test_prune_counts_only_checkpoints_complete_for_every_role(tmp_path):
 )
 def test_checkpoints_to_keep_takes_the_most_generous_role(limits, expected):
     assert checkpoints_to_keep(limits) == expected
+
+
+def test_a_checkpoint_directory_gets_the_umask_permissions(tmp_path):
+    from verl.utils.checkpoint import atomic_directory
+
+    previous = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "global_step_1") as tmp:
+            (tmp / "model.safetensors").write_bytes(b"")
+    finally:
+        os.umask(previous)
+    # 0o777 & ~0o022: readable by the group and others, like the files in it (a temporary directory would be 0700)
+    assert stat.S_IMODE((tmp_path / "global_step_1").stat().st_mode) == 0o755

@@ -6,6 +6,7 @@ replacing the writer with one that raises the OS error, and, for a real full dis
 """
 
 import errno
+import io
 import os
 import pickle
 import stat
@@ -34,6 +35,36 @@ def test_a_full_disk_under_save_state_names_the_file_and_the_os_error():
     err = info.value
     assert err.errno == errno.ENOSPC and err.path == Path("/dev/full")
     assert str(err) == "cannot write /dev/full: [Errno 28] No space left on device"
+
+
+class _ShortWritingFile(io.RawIOBase):
+    """A raw file whose every write moves at most ``limit`` bytes, as write(2) moves at most 0x7ffff000 on Linux."""
+
+    def __init__(self, path, limit):
+        self.file, self.limit = open(path, "wb", buffering=0), limit  # noqa: SIM115 - closed by close()
+
+    def writable(self):
+        return True
+
+    def write(self, data):
+        return self.file.write(bytes(memoryview(data)[: self.limit]))
+
+    def close(self):
+        self.file.close()
+        super().close()
+
+
+def test_a_tensor_larger_than_one_write_is_saved_whole(tmp_path, monkeypatch):
+    # torch.save hands a tensor's 4000 bytes over in one write and ignores a short count: on a raw file that moves
+    # 1024 bytes per write the file would end 2976 bytes short; the state must load back whole
+    def short_writing_open(path, mode="r", buffering=-1, **kwargs):
+        raw = _ShortWritingFile(path, limit=1024)
+        return raw if buffering == 0 else io.BufferedWriter(raw)
+
+    monkeypatch.setattr(checkpoint, "open", short_writing_open, raising=False)
+    state = {"w": torch.arange(1000, dtype=torch.float32)}
+    save_state(tmp_path / "train_state.pt", state)
+    torch.testing.assert_close(checkpoint.load_state(tmp_path / "train_state.pt")["w"], state["w"])
 
 
 def test_an_os_error_of_the_weights_writer_is_named(tmp_path, monkeypatch):

@@ -83,6 +83,34 @@ def test_a_damaged_metadata_file_is_named(sharded):
         verify_checkpoint(sharded)
 
 
+def _global_call_pickle(module: str, name: str, argument: str) -> bytes:
+    """A protocol-4 pickle of ``module.name(argument)``: PROTO 4, two short strings, STACK_GLOBAL, the argument in a
+    1-tuple, REDUCE, STOP. ``name`` may be dotted: protocol 4 resolves it attribute by attribute."""
+
+    def short_string(text: str) -> bytes:
+        data = text.encode()
+        return b"\x8c" + bytes([len(data)]) + data
+
+    return b"\x80\x04" + short_string(module) + short_string(name) + b"\x93" + short_string(argument) + b"\x85R."
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("torch.distributed.checkpoint.filesystem", "os.system"),  # a module DCP's allowed module imports
+        ("torch.distributed.checkpoint.metadata", "dataclasses.sys.modules.get"),
+        ("torch.distributed.checkpoint.filesystem", "cast"),  # a function the module imports, not one of its classes
+    ],
+)
+def test_metadata_reaching_code_through_an_allowed_module_is_refused_unexecuted(sharded, tmp_path, module, name):
+    marker = tmp_path / "ran"
+    metadata = sharded / "actor" / "sharded" / ".metadata"
+    metadata.write_bytes(_global_call_pickle(module, name, f"touch {marker}"))
+    with pytest.raises(CheckpointError, match=rf"names {module}\.{name}, which DCP metadata never holds"):
+        verify_checkpoint(sharded)
+    assert not marker.exists()
+
+
 def test_a_sharded_directory_without_its_index_is_incomplete_and_skipped(sharded, caplog):
     older = sharded.parent / "global_step_1"
     older.mkdir()

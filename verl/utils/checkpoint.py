@@ -34,9 +34,9 @@ import logging
 import os
 import pickle
 import re
+import secrets
 import shutil
 import struct
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Iterable, Iterator
@@ -78,7 +78,10 @@ def atomic_directory(final_path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory that replaces ``final_path`` when the block finishes without error."""
     final = Path(final_path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    # made with mkdir, not mkdtemp (0700): the checkpoint the directory becomes gets the umask's permissions, as the
+    # files in it do
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
     try:
         yield tmp
     except BaseException:
@@ -124,9 +127,11 @@ def save_state(path: str | os.PathLike, state: Any) -> None:
     Raises:
         CheckpointWriteError: the file could not be written (disk full, read-only directory, ...).
     """
-    # through an unbuffered Python file: torch's own file writer reports a full disk as "unexpected pos" without the
-    # OS error, while a Python file raises the OSError itself
-    with writing(path), open(path, "wb", buffering=0) as handle:
+    # Through a Python file: torch's own file writer reports a full disk as "unexpected pos" without the OS error,
+    # while a Python file raises the OSError itself. A buffered one: torch hands each tensor's bytes over in one write
+    # and ignores a short count, and one write(2) moves at most 2 GiB on Linux, so a raw file would end a larger
+    # tensor (an optimizer moment of a 7B model's embedding) short without an error; the buffered writer loops.
+    with writing(path), open(path, "wb") as handle:
         torch.save(state, handle)
 
 

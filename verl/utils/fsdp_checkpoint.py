@@ -61,7 +61,8 @@ class _MetadataUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` that resolves only the globals DCP metadata consists of; anything else is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = (
+        # a dotted name walks attributes (protocol 4: "os.system" reached through an allowed module): never
+        allowed = "." not in name and (
             module in _METADATA_MODULES
             or (module, name) in _TORCH_NAMES
             or (module, name) in _PATH_NAMES
@@ -69,7 +70,11 @@ class _MetadataUnpickler(pickle.Unpickler):
         )
         if not allowed:
             raise _RefusedGlobal(f"it names {module}.{name}, which DCP metadata never holds")
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        if module in _METADATA_MODULES and not (isinstance(found, type) and found.__module__ == module):
+            # of DCP's own modules only the classes they define (not a function or a module they import)
+            raise _RefusedGlobal(f"it names {module}.{name}, which DCP metadata never holds")
+        return found
 
 
 def read_metadata(directory: str | os.PathLike) -> Metadata:

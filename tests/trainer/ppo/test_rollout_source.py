@@ -190,17 +190,18 @@ def test_staleness_never_exceeds_one_under_a_slow_side(gen_seconds, train_second
         assert max(idle) < 0.5
 
 
-def test_a_checkpoint_saves_the_data_position_before_the_batch_in_flight():
+def test_a_checkpoint_saves_where_each_batch_in_flight_was_drawn():
     loader = _Loader()
     source = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0)
     run_steps(source, applied=[True, True])
     # batches 0 and 1 were trained, batches 2 and 3 are in flight (one step off: two batches a version, one of
-    # them waiting at each sync): the loader has handed out 4 batches, the checkpoint position is 2 so that a
-    # resumed run generates batches 2 and 3 again
+    # them waiting at each sync): the loader has handed out 4 batches; the checkpoint keeps that position and the
+    # positions 2 and 3 the batches in flight were drawn at, so that a resumed run generates them again
     assert loader.position == 4
-    assert source.loader_state() == {"position": 2}
+    assert source.loader_state() == {"position": 4}
     state = source.state_dict()
     assert state["version"] == 2
+    assert state["in_flight_positions"] == [{"position": 2}, {"position": 3}]
 
     resumed = AsyncRollout(_RolloutGroup(), _ActorGroup(), _Loader(), staleness_threshold=1.0)
     resumed.train_loader.load_state_dict(source.loader_state())
@@ -302,3 +303,39 @@ def test_no_batch_is_started_past_the_last_step_of_the_run():
         source.generate(source.next_prompts(), {})
         source.after_update(True)
     assert loader.position == 4 and not source.in_flight
+
+
+def _train(source, loader, num_steps, extra_round_at=None):
+    """The trainer's loop, with DAPO's extra round at step ``extra_round_at``: prompts drawn from the loader itself
+    and generated at once (the trainer's ``generate_more``). Returns the batch indices trained, in order."""
+    trained = []
+    for step in range(num_steps):
+        batch = source.generate(source.next_prompts(), {})
+        trained.append(int(batch.batch["index"][0]))
+        if step == extra_round_at:
+            trained.append(int(source.generate(next(loader), {}).batch["index"][0]))
+        source.after_update(True)
+    return trained
+
+
+def test_a_resume_after_an_extra_round_trains_what_the_uninterrupted_run_trains():
+    # Uninterrupted: batches 0 and 1 start; step 1 trains 0, draws 2 for its extra round, and starts 3 after its
+    # update; then 1, 3, 4 follow. Resumed after step 1: 1 and 3 must be drawn again from their own positions (1 and
+    # 3); drawing on from 1 would start 1 and 2, and batch 2, already trained, would come back as step 3's batch.
+    loader = _Loader()
+    source = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0)
+    source.start()
+    uninterrupted = _train(source, loader, 4, extra_round_at=0)
+    assert uninterrupted == [0, 2, 1, 3, 4]
+
+    loader = _Loader()
+    first = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0)
+    first.start()
+    before_save = _train(first, loader, 1, extra_round_at=0)
+    data_position, state = first.loader_state(), first.state_dict()
+    loader = _Loader()
+    loader.load_state_dict(data_position)
+    resumed = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0)
+    resumed.load_state_dict(state)
+    resumed.start()
+    assert before_save + _train(resumed, loader, 3) == uninterrupted

@@ -144,6 +144,7 @@ class AsyncRollout:
         self.may_start = self.batches_per_version  # batches the rollout group may still start before the next sync
         self.batches_to_start: int | None = None  # the steps the run has left to feed (None: no end)
         self.in_flight: deque[_InFlight] = deque()
+        self._to_redraw: deque[dict[str, Any]] = deque()  # after a resume: where the saved in-flight batches began
         self.stale_samples_processed = 0  # prompts trained on with staleness > 0 (verl's "samples")
         self.stale_trajectories_processed = 0  # their responses (verl's "trajectories")
         self._rollout_busy_s = 0.0  # the rollout group's generation seconds since the last step's metrics
@@ -250,24 +251,29 @@ class AsyncRollout:
         }
 
     def loader_state(self) -> dict[str, Any]:
-        """The data position a checkpoint saves: before the batches in flight, which a resumed run generates again
-        (with the checkpoint's weights); the samples in flight are not saved."""
-        if self.in_flight:
-            return self.in_flight[0].loader_state_before
+        """The data position a checkpoint saves: after every batch drawn so far, the ones in flight included (those
+        are drawn again from their own positions, :meth:`state_dict`)."""
         return self.train_loader.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs: the version, the sync window's position and the stale counts. The batches in
-        flight are not saved: a resumed run starts them again with the checkpoint's weights."""
+        """What a resume needs: the version, the sync window's position, the stale counts, and where each batch in
+        flight was drawn. Their samples are not saved: a resumed run draws the same prompts from those positions and
+        generates them again with the checkpoint's weights. Each is drawn from its own position, not all from the
+        first one's, because prompts drawn between them (DAPO's extra rounds, :meth:`generate`) were trained
+        already and must not come back as a step's batch."""
         return {
             "version": self.version,
             "steps_since_sync": self.steps_since_sync,
             "applied_since_sync": self.applied_since_sync,
             "stale_samples_processed": self.stale_samples_processed,
             "stale_trajectories_processed": self.stale_trajectories_processed,
+            "in_flight_positions": [batch.loader_state_before for batch in self.in_flight],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # a checkpoint without positions (written before they were saved) holds the first in-flight batch's
+        # position as its data position: drawing on from there is what those runs did
+        self._to_redraw = deque(state.get("in_flight_positions", []))
         self.version = int(state.get("version", 0))
         self.steps_since_sync = int(state.get("steps_since_sync", 0))
         self.applied_since_sync = bool(state.get("applied_since_sync", False))
@@ -285,8 +291,14 @@ class AsyncRollout:
                 self.batches_to_start -= 1
 
     def _launch(self) -> None:
+        resume_at = None
+        if self._to_redraw:  # after a resume: a batch that was in flight at the save, from where it was drawn
+            resume_at = self.train_loader.state_dict()
+            self.train_loader.load_state_dict(self._to_redraw.popleft())
         before = self.train_loader.state_dict()
         prompts = next(self.train_loader)
+        if resume_at is not None:
+            self.train_loader.load_state_dict(resume_at)
         self.in_flight.append(_InFlight(prompts, self._submit(prompts), before))
 
     def _submit(self, prompts: DataProto):
