@@ -167,6 +167,9 @@ def test_select_idxs_and_step_slices():
     # rows 0, 2, 4 (start 0, step 2) and 1, 4 (start 1, step 3)
     assert acts(data[::2]) == [0, 2, 4]
     assert data.slice(1, None, 3).non_tensor_batch["uid"].tolist() == ["u1", "u4"]
+    # a negative step, as for a list: rows 5, 4, ..., 0, and 4, 2 (from 4 down to, not including, 0, step 2)
+    assert acts(data[::-1]) == [5, 4, 3, 2, 1, 0]
+    assert data.slice(4, 0, -2).non_tensor_batch["uid"].tolist() == ["u4", "u2"]
 
 
 def test_slice_method():

@@ -263,8 +263,11 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         return self._take_rows(normalize_index(idxs, len(self)))
 
     def slice(self, start: int | None = None, end: int | None = None, step: int | None = None) -> DataProto:
-        """Rows ``start:end:step`` (Python slice semantics) as a new DataProto."""
-        return self._take_rows(slice(start, end, step))
+        """Rows ``start:end:step`` (Python slice semantics, a negative step included) as a new DataProto."""
+        rows = slice(start, end, step)
+        if step is not None and step < 0:  # tensors take no negative step: the row ids the slice names, in order
+            return self._take_rows(np.arange(len(self))[rows].copy())
+        return self._take_rows(rows)
 
     # ------------------------------------------------------------------ keys
 

@@ -198,7 +198,7 @@ class JoinTokenizer:
     def __init__(self, chat_template=None):
         self.chat_template = chat_template
 
-    def __call__(self, text):
+    def __call__(self, text, add_special_tokens=True):
         return {"input_ids": [ord(c) % 50 + 1 for c in text]}
 
     def apply_chat_template(self, messages, add_generation_prompt, tokenize):
@@ -256,3 +256,20 @@ def test_collator_reports_lengths_and_returns_raw_chats_when_asked(tmp_path):
     assert batch["raw_chat"][0] == [{"role": "user", "content": "2+2?"}]
     assert batch["extra_info"][1] == {"split": "train", "index": 1}
     assert "raw_chat" not in PromptCollator(JoinTokenizer(), max_prompt_length=8, truncation="left")([dataset[0]])
+
+
+def test_a_chat_template_that_writes_the_bos_gets_one_bos():
+    # the tiny tokenizer adds its BOS (<s>, id 1) to what it encodes; a template that writes {{ bos_token }} itself
+    # (as Llama 3's, Gemma's and Mistral's do) must not get a second one; a plain prompt keeps the tokenizer's
+    from verl.models.loading import load_tokenizer
+    from verl.utils.dataset import chat_renderer
+
+    tokenizer = load_tokenizer("default")
+    tokenizer.chat_template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chat = [{"role": "user", "content": "12="}]
+    collate = PromptCollator(tokenizer, max_prompt_length=8, truncation="error")
+    templated = {"raw_prompt": chat_renderer(tokenizer)(chat), "raw_chat": chat}
+    plain = {"raw_prompt": "12=", "raw_chat": None}
+    bos = tokenizer.bos_token_id
+    assert collate.token_ids(templated) == collate.token_ids(plain) == tokenizer("12=")["input_ids"]
+    assert collate.token_ids(templated).count(bos) == 1 and collate.num_tokens(templated) == 4

@@ -155,12 +155,13 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
         num_val = len(val) - len(val) % world_size  # every validation batch must split evenly over the workers
         if num_val < len(val):
             logger.info("using %d of %d validation prompts (a multiple of %d workers)", num_val, len(val), world_size)
-        size = int(config.data.val_batch_size or num_val)
+        size = min(int(config.data.val_batch_size or num_val), num_val)
         size -= size % world_size
         if size < 1:
             raise ValueError(f"data.val_batch_size must be at least the {world_size} workers.")
         rows = [val[i] for i in range(num_val)]
-        val_batches = [collated_to_dataproto(collate(rows[i : i + size])) for i in range(0, num_val - size + 1, size)]
+        # every prompt is validated: the last batch may be smaller (a multiple of the workers too, as num_val is)
+        val_batches = [collated_to_dataproto(collate(rows[i : i + size])) for i in range(0, num_val, size)]
     # validate the first batch now: a prompt too long for max_prompt_length fails here, not in a worker
     collate([train[i] for i in range(min(len(train), int(config.data.train_batch_size)))])
     return TrainingData(

@@ -242,7 +242,14 @@ class PromptCollator:
 
     def num_tokens(self, row: dict[str, Any]) -> int:
         """The length of a row's tokenized prompt, before any truncation."""
-        return len(self.tokenizer(row["raw_prompt"])["input_ids"])
+        return len(self.token_ids(row))
+
+    def token_ids(self, row: dict[str, Any]) -> list[int]:
+        """A row's prompt tokens. A chat rendered by the tokenizer's template already holds the special tokens the
+        template writes (Llama 3's, Gemma's and Mistral's write the BOS), so they are not added again, as in verl;
+        a plain prompt, or a chat joined without a template, gets the tokenizer's own (its BOS)."""
+        templated = row.get("raw_chat") is not None and bool(getattr(self.tokenizer, "chat_template", None))
+        return self.tokenizer(row["raw_prompt"], add_special_tokens=not templated)["input_ids"]
 
     def _fit(self, ids: list[int], prompt: str) -> list[int]:
         if len(ids) <= self.max_prompt_length:
@@ -269,7 +276,7 @@ class PromptCollator:
         input_ids = torch.full((num_rows, width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((num_rows, width), dtype=torch.long)
         for i, row in enumerate(rows):
-            ids = self._fit(self.tokenizer(row["raw_prompt"])["input_ids"], row["raw_prompt"])
+            ids = self._fit(self.token_ids(row), row["raw_prompt"])
             if ids:
                 input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
                 attention_mask[i, width - len(ids) :] = 1

@@ -27,6 +27,12 @@ def test_uniform_groups_are_found_and_single_responses_kept():
     assert rows == [2, 3, 4] and kept == ["b", "c"] and num_groups == 4
 
 
+def test_a_group_of_equal_fractions_is_uniform():
+    # partial credit 0.1 on all three: np.std gives 1.4e-17 (the mean rounds), yet the group teaches nothing
+    rows, kept, _ = informative_rows(np.array(["a", "a", "a"]), np.array([0.1, 0.1, 0.1]))
+    assert rows == [] and kept == []
+
+
 def test_metric_values_read_scores_or_the_reward_extras():
     batch = scored(["a", "a"], [0.25, 0.75], acc=[0.0, 1.0])
     assert metric_values(batch, "seq_reward").tolist() == [0.25, 0.75]

@@ -112,3 +112,50 @@ def test_without_a_reward_model_the_reward_function_scores():
     batch = trainer._generate_and_score(DataProto.from_dict(tensors={"input_ids": torch.tensor([[3, 4]])}), {})
     assert "rm_scores" not in batch.batch.keys()
     assert batch.batch["token_level_scores"].sum().item() == 1.0
+
+
+def test_dapo_compares_the_final_rewards_with_the_kl_penalty_in_them():
+    # Both samples score 1 on their last token: by score the group is uniform and DAPO would drop it. With the KL
+    # penalty in the reward (fixed beta 0.5) they differ: sample 0 has old - ref = 0.2 on its 3 tokens (k1 sum 0.6),
+    # sample 1 has 0 -> final rewards 1 - 0.5 x 0.6 = 0.7 and 1: seq_final_reward keeps the group.
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.config import compose_ppo_config
+
+    config = compose_ppo_config(
+        [
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.rollout.n=2",
+            "critic.enable=false",
+            "algorithm.use_kl_in_reward=true",
+            "algorithm.kl_ctrl.kl_coef=0.5",
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.metric=seq_final_reward",
+            "algorithm.filter_groups.max_num_gen_batches=1",
+            "data.train_batch_size=1",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        ]
+    )
+
+    def rollout_with_log_probs(prompts):
+        batch = rollout(prompts)
+        batch.batch["ref_log_prob"] = torch.zeros(2, RESPONSE_LENGTH)
+        batch.batch["old_log_probs"] = torch.tensor([[0.2, 0.2, 0.2], [0.0, 0.0, 0.0]])
+        return batch
+
+    def last_token_scores(data, return_dict=False):
+        return {"reward_tensor": torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), "reward_extra_info": {}}
+
+    actor_wg = FakeGroup(
+        generate_with_log_probs=rollout_with_log_probs, update_actor=lambda data: [{"actor/pg_loss": 0.0}]
+    )
+    trainer = RayPPOTrainer(
+        config, None, [], last_token_scores, actor_wg, None, None, tracker=None, total_training_steps=1
+    )
+    prompts = DataProto.from_dict(
+        tensors={"input_ids": torch.tensor([[3, 4]])}, non_tensors={"raw_prompt": np.array(["1+1="], dtype=object)}
+    )
+    metrics = trainer.train_step(prompts)
+    assert metrics["train/num_groups_dropped"] == 0.0
+    rewards = actor_wg.calls["update_actor"]
+    assert rewards.batch["advantages"][0, 0].item() < 0 < rewards.batch["advantages"][1, 0].item()  # 0.7 < 1

@@ -184,14 +184,6 @@ def test_presets_are_verl_s_with_the_yaml_defaults_elsewhere():
             ],
             "overlong_buffer.len=9 exceeds data.max_response_length=8",
         ),
-        (
-            [
-                "algorithm.filter_groups.enable=true",
-                "algorithm.filter_groups.metric=seq_final_reward",
-                "algorithm.use_kl_in_reward=true",
-            ],
-            "use metric=seq_reward",
-        ),
     ],
 )
 def test_bad_dapo_settings_fail_at_start_up(overrides, match):

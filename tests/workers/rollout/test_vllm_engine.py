@@ -4,6 +4,7 @@ These run with or without the vllm package: the checks that need it are reached 
 """
 
 import pytest
+import torch
 
 from tests.workers.rollout.conftest import sampling_options
 from tests.workers.rollout.vllm_helpers import write_head_dim_64_model
@@ -154,6 +155,18 @@ def test_check_rejects_what_the_engine_cannot_run(model_dir, overrides, match):
     model = None if not overrides else model_dir  # the first case is about the default model itself
     with pytest.raises(ValueError, match=match):
         check_vllm_config(vllm_config(*overrides, model=model))
+
+
+@pytest.mark.usefixtures("vllm_installed")
+def test_auto_joining_a_cluster_leaves_the_device_checks_to_the_workers():
+    # trainer.device=auto with ray_init.address: the workers run on the cluster's nodes, which may have the GPUs
+    # this driver lacks; the CPU-only rules (one rank per engine, the CPU head sizes) are not applied here. Run
+    # locally (no address), auto is this machine's device, here the CPU, and they are.
+    tensor_parallel = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"]
+    check_vllm_config(vllm_config(*tensor_parallel, "trainer.device=auto", "ray_init.address=auto"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"tensor-parallel vLLM engines need GPUs"):
+            check_vllm_config(vllm_config(*tensor_parallel, "trainer.device=auto"))
 
 
 @pytest.mark.usefixtures("vllm_installed")

@@ -52,7 +52,8 @@ def informative_rows(uids: np.ndarray, values: np.ndarray) -> tuple[list[int], l
     by_uid: dict[Any, list[int]] = {}
     for row, uid in enumerate(uids):
         by_uid.setdefault(uid, []).append(row)
-    kept_uids = [uid for uid, rows in by_uid.items() if len(rows) == 1 or np.std(values[rows]) > 0]
+    # "not all equal" exactly: the spread, not the standard deviation, whose mean rounds (std of [0.1] x 3 is 1e-17)
+    kept_uids = [uid for uid, rows in by_uid.items() if len(rows) == 1 or np.ptp(values[rows]) > 0]
     kept = set(kept_uids)
     return [row for row, uid in enumerate(uids) if uid in kept], kept_uids, len(by_uid)
 

@@ -60,14 +60,19 @@ def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty_type: str) -> dict[st
     Returns:
         ``actor/reward_kl_penalty`` (that mean KL) and ``actor/reward_kl_penalty_coeff`` (the beta used).
     """
-    tensors = batch.batch
-    mask = tensors["response_mask"]
-    kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], kl_penalty_type) * mask
     beta = float(kl_ctrl.value)
-    tensors["token_level_rewards"] = tensors["token_level_scores"] - beta * kld
-    current_kl = masked_mean(kld, mask, axis=-1).mean().item()
+    rewards, kld = kl_penalized_rewards(batch, beta, kl_penalty_type)
+    batch.batch["token_level_rewards"] = rewards
+    current_kl = masked_mean(kld, batch.batch["response_mask"], axis=-1).mean().item()
     kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
     return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def kl_penalized_rewards(batch: DataProto, beta: float, kl_penalty_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``token_level_scores - beta * KL(old || ref)``, the masked per-token KL), both (B, R); nothing is changed."""
+    tensors = batch.batch
+    kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], kl_penalty_type) * tensors["response_mask"]
+    return tensors["token_level_scores"] - beta * kld, kld
 
 
 def only_keys(batch: DataProto, keys: list[str]) -> DataProto:
@@ -319,9 +324,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         if self.critic_wg is not None:
             with self._timed(timing, "values"):
                 batch = batch.union(self.critic_wg.compute_values(only_keys(batch, VALUE_KEYS)))
-        self.use_rollout_log_probs_as_old(batch)
-        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-        if self.kl_ctrl is not None:
+        if self.kl_ctrl is not None:  # the same rewards as the round's, and the controller moves once a step
             metrics.update(apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty))
         # as in verl: weights and rejection before the advantages, so that rejected tokens are out of both
         metrics.update(self.correct_for_mismatch(batch))
@@ -344,8 +347,8 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
 
     def _generate_and_score(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
         """One generation round: each prompt gets a group id (``uid``); one worker call generates and computes the
-        old and reference log-probs the run needs (timed by the worker); then the scores (``token_level_scores``).
-        Timings add up over the rounds of a step."""
+        old and reference log-probs the run needs (timed by the worker); then the scores (``token_level_scores``) and
+        the rewards (``token_level_rewards``). Timings add up over the rounds of a step."""
         batch = self.rollout_source.generate(prompts, timing)  # each prompt gets its group id there
         for name, seconds in slowest_rank(batch.meta_info.pop("metrics")).items():
             name = name.removeprefix("timing_s/")
@@ -354,6 +357,13 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             if self.reward_model_wg is not None:
                 batch = batch.union(self.reward_model_wg.compute_rm_score(rm_score_inputs(batch)))
             batch.batch["token_level_scores"] = self.score(batch)
+        self.use_rollout_log_probs_as_old(batch)
+        # the final rewards, which DAPO's filter may compare (seq_final_reward): with a KL penalty in the reward, at
+        # the step's coefficient (the step applies it again once the batch is complete, and moves the controller)
+        rewards = batch.batch["token_level_scores"]
+        if self.kl_ctrl is not None:
+            rewards, _ = kl_penalized_rewards(batch, float(self.kl_ctrl.value), self.config.algorithm.kl_penalty)
+        batch.batch["token_level_rewards"] = rewards
         return batch
 
     def score(self, batch: DataProto) -> torch.Tensor:

