@@ -122,6 +122,14 @@ def test_a_late_rank_that_found_its_peers_gone_is_still_the_one_awaited(monkeypa
     assert collect(monkeypatch, [_Ref(error=TIMEOUT), _Ref(error=late)]) == ([1], [0], [])
 
 
+def test_the_hung_rank_is_named_before_a_lower_rank_that_found_its_peers_gone(monkeypatch):
+    # 4 gloo ranks: rank 3 never joins; rank 1, a ring neighbour of ranks that timed out, gets "connection closed by
+    # peer" although it joined in time. The hung rank 3 comes first, not rank 1 for its lower number.
+    late = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:36262")
+    refs = [_Ref(error=TIMEOUT), _Ref(error=late), _Ref(error=TIMEOUT), _Ref(running=True)]
+    assert collect(monkeypatch, refs) == ([3, 1], [0, 2], [3])
+
+
 def test_a_rank_that_failed_on_its_own_is_reported_instead_of_a_hang(monkeypatch):
     # rank 1 raised before the collective: rank 0's timeout follows from it, so rank 1's error is the one raised
     monkeypatch.setattr(results, "ray", _FakeRay)

@@ -19,11 +19,12 @@ pytestmark = [
 ]
 
 
-def gpu_actor(hf_model=None, dtype="float16", **overrides):
+def gpu_actor(hf_model=None, dtype="float16", distributed_optimizer=False, **overrides):
     from verl.workers.actor.megatron_builder import build_megatron_actor
 
     hf_model = hf_model or tiny_qwen2(seed=0)
     megatron = {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "use_megatron_optimizer": True}
+    megatron["use_distributed_optimizer"] = distributed_optimizer
     config = actor_config(strategy="megatron", dtype=dtype, megatron=megatron, seed=1, **overrides)
     return build_megatron_actor(
         hf_model.config, config, device="cuda", total_training_steps=100, hf_state_dict=hf_model.state_dict()
@@ -114,6 +115,29 @@ def test_checkpoint_restores_megatron_loss_scaler_and_handler(tmp_path):
     # the restored fp32 main weights must be the trained ones: the next update of both is the same
     torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
     assert restored.update_policy(batch)["actor/update_failed"] == actor.update_policy(batch)["actor/update_failed"]
+
+
+def test_a_distributed_optimizer_checkpoint_resumes_its_main_weights_and_moments(tmp_path):
+    # megatron-core's distributed optimizer keeps the fp32 main weights and the moments out of its state_dict(): a
+    # checkpoint must carry them (distrib_optim.pt), or the first step after a resume copies the restored model's
+    # main weights from the freshly built ones and steps with uninitialised moments. bf16: every update applies.
+    from verl.utils.checkpoint import atomic_directory
+    from verl.workers.actor.megatron_checkpoint import DISTRIBUTED_OPTIMIZER_FILE
+
+    actor = gpu_actor(dtype="bfloat16", distributed_optimizer=True)
+    batch = cuda_batch(actor)
+    for _ in range(3):
+        assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    with atomic_directory(tmp_path / "ckpt") as tmp:
+        actor.save_checkpoint(tmp)
+    assert (tmp_path / "ckpt" / DISTRIBUTED_OPTIMIZER_FILE).is_file()
+    restored = gpu_actor(tiny_qwen2(seed=7), dtype="bfloat16", distributed_optimizer=True)
+    restored.load_checkpoint(tmp_path / "ckpt")
+    torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
+    # the same next update: the same main weights and moments (seed 7's weights or empty moments would differ)
+    for model in (actor, restored):
+        assert model.update_policy(batch)["actor/update_failed"] == 0.0
+    torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
 
 
 def test_fused_kernels_through_the_megatron_schedule_match_the_plain_logits():

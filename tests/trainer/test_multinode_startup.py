@@ -26,8 +26,8 @@ def test_joining_a_cluster_with_a_local_cpu_count_is_refused_before_ray_starts(t
     assert not ray.is_initialized()
 
 
-def fake_nodes(monkeypatch, cpus: list[float], dead: list[float] = ()) -> None:
-    nodes = [{"Alive": True, "Resources": {"CPU": c}} for c in cpus]
+def fake_nodes(monkeypatch, cpus: list[float], dead: list[float] = (), gpus: list[float] = ()) -> None:
+    nodes = [{"Alive": True, "Resources": {"CPU": c, "GPU": g}} for c, g in zip(cpus, [*gpus] + [0.0] * len(cpus))]
     nodes += [{"Alive": False, "Resources": {"CPU": c}} for c in dead]
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
 
@@ -40,6 +40,14 @@ def test_cpu_share_follows_the_nodes_that_hold_the_ranks(monkeypatch):
     assert cpus_per_worker(1, 2) == 1.0
     # 40 workers on a 1-CPU node: 1/40 is below the floor of 0.1, which the placement then refuses clearly
     assert cpus_per_worker(2, 40) == 0.1
+
+
+def test_on_a_gpu_run_a_cpu_only_head_node_does_not_set_the_cpu_share(monkeypatch):
+    # a 64-CPU head without GPUs and a 16-CPU node with 8 GPUs; 8 GPU ranks x 3 groups = 24 workers on that node:
+    # 16 / 24 each (the head's 64 CPUs would give 1 each, 24 CPUs that the GPU node does not have)
+    fake_nodes(monkeypatch, [64.0, 16.0], gpus=[0.0, 8.0])
+    assert cpus_per_worker(1, 24, gpus_per_node=8) == pytest.approx(16 / 24)
+    assert cpus_per_worker(1, 24) == 1.0  # a CPU run: every node may hold ranks
 
 
 def test_restart_in_auto_mode_takes_the_newest_complete_checkpoint(tmp_path):

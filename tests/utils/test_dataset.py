@@ -273,3 +273,6 @@ def test_a_chat_template_that_writes_the_bos_gets_one_bos():
     bos = tokenizer.bos_token_id
     assert collate.token_ids(templated) == collate.token_ids(plain) == tokenizer("12=")["input_ids"]
     assert collate.token_ids(templated).count(bos) == 1 and collate.num_tokens(templated) == 4
+    # the overlong filter's batched count: the same per row, rendered chats and plain prompts mixed
+    longer = {"raw_prompt": "123+45=", "raw_chat": None}
+    assert collate.token_counts([templated, longer, plain]) == [4, collate.num_tokens(longer), 4]

@@ -127,7 +127,8 @@ def get_all(
     error without it). Next, collective timeouts: when some ranks' errors are collective timeouts, ``on_hang`` is
     given and no other rank failed on its own (a late rank's "connection closed by peer" follows from the timeout),
     ``on_hang(awaited, timed_out, still_running)`` is raised, where ``awaited`` are the ranks that did not time out
-    (those the others waited for), ``timed_out`` the timeout errors by rank, and ``still_running`` the ranks
+    (those the others waited for; the ones still running first, then the ones that returned, then the ones that
+    found their peers gone), ``timed_out`` the timeout errors by rank, and ``still_running`` the ranks
     unfinished after the grace period; a rank that failed on its own is the cause, and its error is raised as
     below. Otherwise the lowest failed rank's exception is re-raised as its own
     type; ranks that raise the same type and message are folded into it, other failures are logged. Once a rank
@@ -179,7 +180,11 @@ def get_all(
         causes = {r: e for r, e in errors.items() if r not in timed_out and not _PEER_GAVE_UP.search(str(e))}
         if not causes:
             still_running = sorted(ranks[index_of[ref]] for ref in pending)
-            awaited = sorted(rank for rank in ranks if rank not in timed_out)
+            # the likeliest culprit first: a rank still running (it hangs), then one that returned without joining,
+            # then one that only found its peers gone (a ring neighbour of the ranks that timed out, late or not)
+            returned = sorted(rank for rank in ranks if rank not in errors and rank not in still_running)
+            late = sorted(rank for rank in errors if rank not in timed_out)
+            awaited = still_running + returned + late
             raise on_hang(awaited, timed_out, still_running) from None
         for rank in sorted(timed_out):
             logger.info("rank %d timed out in a collective, waiting for a rank that failed", rank)

@@ -80,7 +80,8 @@ def _datasets(config: PPOConfig, tokenizer):
 
 def _drop_overlong(dataset, collate, name: str):
     """``data.filter_overlong_prompts``: keep the prompts that fit ``data.max_prompt_length``, and say how many went."""
-    kept = dataset.filter(lambda row: collate.num_tokens(row) <= collate.max_prompt_length)
+    counts = collate.token_counts([dataset[index] for index in range(len(dataset))])
+    kept = dataset.take([index for index, count in enumerate(counts) if count <= collate.max_prompt_length])
     if len(kept) < len(dataset):
         logger.warning(
             "data.filter_overlong_prompts: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",

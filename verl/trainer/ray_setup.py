@@ -125,7 +125,9 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     groups = 1 + int(config.needs_critic) + int(config.reward_model.enable)
     # a rollout group of its own may share the nodes: its workers count towards each node's share
     rollout_per_node = config.rollout.n_gpus_per_node if config.separate_rollout else 0
-    cpus = cpus_per_worker(trainer.nnodes, trainer.n_gpus_per_node * groups + rollout_per_node)
+    cpus = cpus_per_worker(
+        trainer.nnodes, trainer.n_gpus_per_node * groups + rollout_per_node, trainer.n_gpus_per_node if use_gpu else 0
+    )
     pool = RayResourcePool(
         config.world_size,
         num_cpus_per_worker=cpus,
@@ -202,12 +204,14 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
     return actor_wg, critic_wg, reward_model_wg, rollout_wg
 
 
-def cpus_per_worker(nnodes: int, workers_per_node: int) -> float:
+def cpus_per_worker(nnodes: int, workers_per_node: int, gpus_per_node: int = 0) -> float:
     """Up to one CPU per worker, less where the nodes are small: the ``nnodes``-th largest node's CPUs are shared
-    by the workers of one node (0.1 at least, so that a cluster of tiny nodes gets a placement error, not a hang)."""
+    by the workers of one node (0.1 at least, so that a cluster of tiny nodes gets a placement error, not a hang).
+    On a GPU run only the nodes with ``gpus_per_node`` GPUs count: a CPU-only head node holds no rank."""
     import ray
 
-    sizes = sorted((node["Resources"].get("CPU", 0.0) for node in ray.nodes() if node.get("Alive")), reverse=True)
+    alive = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    sizes = sorted((r.get("CPU", 0.0) for r in alive if r.get("GPU", 0.0) >= gpus_per_node), reverse=True)
     node_cpus = sizes[min(nnodes, len(sizes)) - 1] if sizes else 1.0
     return max(0.1, min(1.0, node_cpus / workers_per_node))
 

@@ -105,8 +105,12 @@ class RLHFDataset(torch.utils.data.Dataset):
 
     def filter(self, keep: Callable[[dict[str, Any]], bool]) -> RLHFDataset:
         """A dataset of the rows for which ``keep(row)`` is true, in order (indices renumbered)."""
+        return self.take([index for index, row in enumerate(self._rows) if keep(row)])
+
+    def take(self, indices: Sequence[int]) -> RLHFDataset:
+        """A dataset of the rows at ``indices``, in that order (indices renumbered)."""
         dataset = type(self).__new__(type(self))
-        dataset._rows = [row for row in self._rows if keep(row)]
+        dataset._rows = [self._rows[index] for index in indices]
         return dataset
 
     def __len__(self) -> int:
@@ -244,12 +248,27 @@ class PromptCollator:
         """The length of a row's tokenized prompt, before any truncation."""
         return len(self.token_ids(row))
 
+    def token_counts(self, rows: Sequence[dict[str, Any]]) -> list[int]:
+        """:meth:`num_tokens` of every row, tokenized in two batches (rendered chats, plain prompts): what the
+        overlong filter reads for a whole dataset, several times faster than a call per row."""
+        counts = [0] * len(rows)
+        for templated in (True, False):
+            indices = [i for i, row in enumerate(rows) if self._templated(row) == templated]
+            if indices:
+                texts = [rows[i]["raw_prompt"] for i in indices]
+                ids = self.tokenizer(texts, add_special_tokens=not templated)["input_ids"]
+                for i, row_ids in zip(indices, ids, strict=True):
+                    counts[i] = len(row_ids)
+        return counts
+
     def token_ids(self, row: dict[str, Any]) -> list[int]:
         """A row's prompt tokens. A chat rendered by the tokenizer's template already holds the special tokens the
         template writes (Llama 3's, Gemma's and Mistral's write the BOS), so they are not added again, as in verl;
         a plain prompt, or a chat joined without a template, gets the tokenizer's own (its BOS)."""
-        templated = row.get("raw_chat") is not None and bool(getattr(self.tokenizer, "chat_template", None))
-        return self.tokenizer(row["raw_prompt"], add_special_tokens=not templated)["input_ids"]
+        return self.tokenizer(row["raw_prompt"], add_special_tokens=not self._templated(row))["input_ids"]
+
+    def _templated(self, row: dict[str, Any]) -> bool:
+        return row.get("raw_chat") is not None and bool(getattr(self.tokenizer, "chat_template", None))
 
     def _fit(self, ids: list[int], prompt: str) -> list[int]:
         if len(ids) <= self.max_prompt_length:

@@ -124,6 +124,11 @@ class _ModelWorker(Worker):
         pipeline stages)."""
         return 1
 
+    def _checkpoint_is_collective(self) -> bool:
+        """Whether every rank takes part in saving the trained model (its parts, or its optimizer state, are spread
+        over the ranks), or rank 0 writes it alone."""
+        return self._model_parallel_size() > 1
+
     def data_parallel_layout(self) -> tuple[int, bool]:
         """(this rank's data-parallel rank, whether it returns its group's results); called by the driver after
         ``init_model``. Here every rank holds a whole model and is a data-parallel rank of its own; a backend that
@@ -171,10 +176,10 @@ class _ModelWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, directory: str) -> None:
         """Rank 0 writes the model and its training state (data-parallel ranks hold identical copies), or every rank
-        of a model split over ranks its part (a collective, see :mod:`verl.workers.actor.megatron_checkpoint`);
-        every rank writes its own random state."""
+        of a model split over ranks, or of an optimizer that shards its state, its part (a collective, see
+        :mod:`verl.workers.actor.megatron_checkpoint`); every rank writes its own random state."""
         directory = Path(directory)
-        if self.rank == 0 or self._model_parallel_size() > 1:
+        if self.rank == 0 or self._checkpoint_is_collective():
             self._trained().save_checkpoint(directory)
         if self.rank == 0:
             self._save_extras(directory)

@@ -65,6 +65,10 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     def _model_parallel_size(self) -> int:
         return self.config.actor_rollout_ref.actor.megatron.model_parallel_size
 
+    def _checkpoint_is_collective(self) -> bool:
+        megatron = self.config.actor_rollout_ref.actor.megatron
+        return megatron.model_parallel_size > 1 or megatron.use_distributed_optimizer
+
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()
 
@@ -155,6 +159,10 @@ class MegatronCriticWorker(CriticWorker):
 
     def _model_parallel_size(self) -> int:
         return self.config.critic.megatron.model_parallel_size
+
+    def _checkpoint_is_collective(self) -> bool:
+        megatron = self.config.critic.megatron
+        return megatron.model_parallel_size > 1 or megatron.use_distributed_optimizer
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()

@@ -303,3 +303,46 @@ def test_the_fused_layer_is_plain_outside_a_request():
     args = (batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"])
     assert type(fused.model_module().output_layer).__name__ == "FusedHeadOutputLayer"
     torch.testing.assert_close(forward_logits(fused.model, *args), forward_logits(plain.model, *args))
+
+
+class _ShardedOptimizerState:
+    """Stands in for megatron-core's distributed optimizer (CUDA only): its gathered state, and what it was given."""
+
+    def __init__(self, value):
+        self.state = {0: {torch.float32: {"param": torch.full((3,), value), "numel_unpadded": 3}}}
+        self.loaded = None
+
+    def get_parameter_state_dp_zero(self):
+        return self.state
+
+    def load_parameter_state_from_dp_zero(self, state):
+        self.loaded = state
+
+
+def test_a_distributed_optimizers_state_travels_with_the_checkpoint(tmp_path):
+    # megatron-core's distributed optimizer keeps its fp32 main weights and moments out of state_dict(): the
+    # checkpoint writes what get_parameter_state_dp_zero gathers (data-parallel rank 0: this one) and hands it back
+    # to load_parameter_state_from_dp_zero; under a chain of one sub-optimizer (get_megatron_optimizer's) too
+    from types import SimpleNamespace
+
+    from verl.models.mcore.parallel import ensure_model_parallel_initialized
+    from verl.workers.actor.megatron_checkpoint import (
+        DISTRIBUTED_OPTIMIZER_FILE,
+        load_distributed_optimizer_state,
+        save_distributed_optimizer_state,
+    )
+
+    ensure_model_parallel_initialized()  # one rank: data-parallel rank 0
+
+    def loop(optimizer, distributed=True):
+        megatron = SimpleNamespace(use_distributed_optimizer=distributed)
+        return SimpleNamespace(config=SimpleNamespace(megatron=megatron), optimizer=optimizer)
+
+    saved, fresh = _ShardedOptimizerState(7.0), _ShardedOptimizerState(0.0)
+    assert save_distributed_optimizer_state(loop(SimpleNamespace(chained_optimizers=[saved])), tmp_path, split=False)
+    assert (tmp_path / DISTRIBUTED_OPTIMIZER_FILE).is_file()
+    load_distributed_optimizer_state(loop(fresh), tmp_path, split=False)
+    torch.testing.assert_close(fresh.loaded[0][torch.float32]["param"], torch.full((3,), 7.0))
+    # without the distributed optimizer: no file, nothing loaded, and this rank writes the rest as before
+    assert save_distributed_optimizer_state(loop(saved, distributed=False), tmp_path / "plain", split=False)
+    assert not (tmp_path / "plain").exists()

@@ -16,8 +16,9 @@ that all of them sample the same tokens.
 
 Padding: megatron's RoPE rotates by sequence index (see ``verl.models.mcore.model``), and a left-padded row's real
 tokens are contiguous, so cached keys keep their relative positions; the prompt's pad keys stay masked by the
-boolean mask handed to every decode step (megatron's attention drops the causal mask type after the prefill, and
-our core attention applies the mask it is given).
+boolean mask handed to every decode step (megatron's attention drops the causal mask type after the prefill; the
+portable core attention applies the mask it is given whatever the type, and the Transformer Engine spec's is made
+to, :func:`verl.models.mcore.layer_spec.get_layer_spec`).
 """
 
 from __future__ import annotations

@@ -249,5 +249,25 @@ def get_layer_spec(backend: str) -> ModuleSpec:
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
         # TE ignores the mask under a plain causal type; left padding needs it honoured as given
         spec.submodules.self_attention.params = {"attn_mask_type": AttnMaskType.arbitrary}
+        spec.submodules.self_attention.submodules.core_attention = _te_attention_keeping_the_mask()
         return spec
     raise ValueError(f"unknown layer spec backend {backend!r}; accepted: {', '.join(SPEC_BACKENDS)}")
+
+
+def _te_attention_keeping_the_mask() -> type:
+    """Transformer Engine's core attention, told to apply a mask whenever it is given one.
+
+    In a decode step (a key/value cache past the prefill, in eval mode) megatron-core's attention switches the mask
+    type to ``no_mask`` while still passing the mask, and TE reads a mask only under a ``padding`` or ``arbitrary``
+    type: the new token would attend to the prompt's left padding. The portable spec's core attention applies the
+    mask it is given whatever the type; this makes TE's do the same.
+    """
+    from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+    class TEDotProductAttentionKeepingTheMask(TEDotProductAttention):
+        def forward(self, query, key, value, attention_mask, attn_mask_type, *args, **kwargs):
+            if attention_mask is not None and attn_mask_type == AttnMaskType.no_mask:
+                attn_mask_type = AttnMaskType.arbitrary
+            return super().forward(query, key, value, attention_mask, attn_mask_type, *args, **kwargs)
+
+    return TEDotProductAttentionKeepingTheMask

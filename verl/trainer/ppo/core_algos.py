@@ -52,7 +52,7 @@ from verl.trainer.ppo.kl import (
     kl_penalty,
     kl_penalty_forward,
 )
-from verl.trainer.ppo.loss_agg import LOSS_AGG_MODES, agg_loss, compute_entropy_loss, compute_value_loss
+from verl.trainer.ppo.loss_agg import LOSS_AGG_MODES, agg_loss, compute_entropy_loss, compute_value_loss, loss_share
 from verl.trainer.ppo.pg_losses import (
     compute_policy_loss_bypass_mode,
     compute_policy_loss_dppo_kl,
@@ -122,6 +122,7 @@ __all__ = [
     "kl_penalty",
     "kl_penalty_forward",
     "loss_aggregation",
+    "loss_share",
     "register_adv_est",
     "register_policy_loss",
 ]

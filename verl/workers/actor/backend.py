@@ -393,12 +393,19 @@ class MegatronBackend(TrainingBackend):
 
     def save_checkpoint(self, loop, directory):
         """Whole weights; a model split over ranks writes per-rank shards and the gathered weights instead (a
-        collective, see :mod:`verl.workers.actor.megatron_checkpoint`)."""
-        if not self.split_over_ranks():
+        collective, see :mod:`verl.workers.actor.megatron_checkpoint`). With a distributed optimizer every
+        data-parallel rank calls this: their shares of the optimizer state are gathered first."""
+        from verl.workers.actor.megatron_checkpoint import (
+            save_distributed_optimizer_state,
+            save_tensor_parallel_checkpoint,
+        )
+
+        split = self.split_over_ranks()
+        if not save_distributed_optimizer_state(loop, directory, split=split):
+            return  # a data-parallel rank other than 0: its share is written
+        if not split:
             save_whole_checkpoint(loop, directory, exports=self._export_whole)
             return
-        from verl.workers.actor.megatron_checkpoint import save_tensor_parallel_checkpoint
-
         save_tensor_parallel_checkpoint(loop, self.module(), directory, self.hf_config)
 
     def _export_whole(self, loop, directory, weights):
@@ -413,12 +420,17 @@ class MegatronBackend(TrainingBackend):
         export_huggingface_weights(directory, tensors, self.hf_config)
 
     def load_checkpoint(self, loop, directory):
-        if not self.split_over_ranks():
-            load_whole_checkpoint(loop, directory)
-            return
-        from verl.workers.actor.megatron_checkpoint import load_tensor_parallel_checkpoint
+        from verl.workers.actor.megatron_checkpoint import (
+            load_distributed_optimizer_state,
+            load_tensor_parallel_checkpoint,
+        )
 
-        load_tensor_parallel_checkpoint(loop, self.module(), directory)
+        split = self.split_over_ranks()
+        if split:
+            load_tensor_parallel_checkpoint(loop, self.module(), directory)
+        else:
+            load_whole_checkpoint(loop, directory)
+        load_distributed_optimizer_state(loop, directory, split=split)
 
     def split_over_ranks(self) -> bool:
         """Whether this rank holds a part of the model (tensor-parallel shards or a pipeline stage)."""

@@ -21,8 +21,8 @@ from verl.trainer.ppo.core_algos import (
     get_policy_loss_fn,
     kl_penalty,
     loss_aggregation,
+    loss_share,
 )
-from verl.trainer.ppo.loss_agg import loss_share
 from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import compute_response_log_probs

@@ -14,6 +14,12 @@ Layout of a checkpoint directory written with tensor-parallel size ``n`` (and ``
 
 Only the ranks of data-parallel rank 0 write (the other data-parallel ranks hold the same shards); saving is a
 collective of their model-parallel group, because the gathering is; loading reads each rank's own shards.
+
+With megatron-core's distributed optimizer (``megatron.use_distributed_optimizer``, the GPU path) the data-parallel
+ranks do not hold the same optimizer state: each holds a share of the fp32 main weights and of the moments, and the
+optimizer's ``state_dict()`` holds neither. :func:`save_distributed_optimizer_state` gathers them over the
+data-parallel group into ``distrib_optim.pt`` (megatron's name), next to the weights (in the shard directory of a
+split model), and :func:`load_distributed_optimizer_state` scatters them back; both are collectives of that group.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
     from verl.workers.actor.update_loop import UpdateLoop
 
 HF_EXPORT_DIR = "huggingface"
+DISTRIBUTED_OPTIMIZER_FILE = "distrib_optim.pt"
 
 
 def shard_directory(directory: str | os.PathLike, tp_rank: int, stage: int | None = None) -> Path:
@@ -131,3 +138,57 @@ def load_tensor_parallel_checkpoint(loop: UpdateLoop, module: torch.nn.Module, d
             "was the checkpoint written with another model or model-parallel layout?"
         )
     loop.load_training_state_dict(load_state(shards / TRAIN_STATE_FILE))
+
+
+def distributed_optimizer(loop: UpdateLoop) -> Any | None:
+    """megatron-core's optimizer when it shards its state over the data-parallel ranks (the section's
+    ``megatron.use_distributed_optimizer``), the one under a chain of one; else None."""
+    megatron = getattr(loop.config, "megatron", None)
+    if loop.optimizer is None or megatron is None or not megatron.use_distributed_optimizer:
+        return None
+    optimizer = loop.optimizer
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is not None:
+        # a dense GPTModel gets one sub-optimizer (a second one holds MoE expert parameters only)
+        assert len(chained) == 1, f"expected one chained optimizer, got {len(chained)}"
+        optimizer = chained[0]
+    return optimizer
+
+
+def _distributed_optimizer_file(directory: str | os.PathLike, split: bool) -> Path:
+    if not split:
+        return Path(directory) / DISTRIBUTED_OPTIMIZER_FILE
+    tp_rank, stage, _ = _ranks()
+    return shard_directory(directory, tp_rank, stage) / DISTRIBUTED_OPTIMIZER_FILE
+
+
+def save_distributed_optimizer_state(loop: UpdateLoop, directory: str | os.PathLike, *, split: bool) -> bool:
+    """With a distributed optimizer, gather its fp32 main weights and moments over the data-parallel group and write
+    them on its rank 0 (a collective: every data-parallel rank calls it). Returns whether this rank writes the rest
+    of the checkpoint (data-parallel rank 0, or every rank without a distributed optimizer)."""
+    optimizer = distributed_optimizer(loop)
+    if optimizer is None:
+        return True
+    state = optimizer.get_parameter_state_dp_zero()  # None on the other data-parallel ranks
+    if _ranks()[2] != 0:
+        return False
+    path = _distributed_optimizer_file(directory, split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_state(path, state)
+    return True
+
+
+def load_distributed_optimizer_state(loop: UpdateLoop, directory: str | os.PathLike, *, split: bool) -> None:
+    """Scatter what :func:`save_distributed_optimizer_state` wrote over the data-parallel group (a collective),
+    after the optimizer's ``state_dict`` was loaded (which leaves the moments uninitialised), so that the next step
+    starts from the saved fp32 main weights and moments. Nothing without a distributed optimizer.
+
+    Raises:
+        CheckpointError: the file is missing or damaged (data-parallel rank 0 reads it; the others then wait in
+            the group's collective until their timeout).
+    """
+    optimizer = distributed_optimizer(loop)
+    if optimizer is None:
+        return
+    state = load_state(_distributed_optimizer_file(directory, split)) if _ranks()[2] == 0 else None
+    optimizer.load_parameter_state_from_dp_zero(state)

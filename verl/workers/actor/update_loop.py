@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
-from verl.trainer.ppo.loss_agg import loss_share
+from verl.trainer.ppo.core_algos import loss_share
 from verl.utils.metrics import StepMetrics
 from verl.workers.actor.backend import FIRE_DRILL_TARGETS, TrainingBackend
 from verl.workers.actor.fault_injection import FaultInjector

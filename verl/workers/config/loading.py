@@ -102,22 +102,49 @@ def _compose_files(config_dir: str | Path, config_name: str, override_lists: Seq
     from hydra import compose
     from hydra.errors import HydraException
 
+    config_dir = Path(config_dir).resolve()
     try:
-        with _hydra_initialised_on(Path(config_dir).resolve()):
+        with _hydra_initialised_on(config_dir):
             first = compose(config_name=config_name, overrides=list(override_lists[0]), return_hydra_config=True)
             layer = _embedded_layer(first, override_lists[0])
-            composed = [
-                first if index == 0 and not layer else compose(config_name=config_name, overrides=[*layer, *overrides])
-                for index, overrides in enumerate(override_lists)
-            ]
+            configs = []
+            for index, overrides in enumerate(override_lists):
+                if index == 0 and not layer:
+                    configs.append(_plain(first))
+                elif index > 0 and not overrides:  # compose_with_defaults' defaults: the same for every caller
+                    configs.append(_defaults_of(config_dir, config_name, tuple(layer)))
+                else:
+                    configs.append(_plain(compose(config_name=config_name, overrides=[*layer, *overrides])))
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(str(err).strip()) from None
-    configs = []
-    for config in composed:
-        plain = OmegaConf.to_container(config, resolve=False)
-        plain.pop("hydra", None)
-        configs.append(OmegaConf.create(plain))  # a plain (non-struct) config, as callers have always received
     return configs
+
+
+def _plain(config: DictConfig) -> DictConfig:
+    """A plain (non-struct) config without Hydra's own section, as callers have always received."""
+    plain = OmegaConf.to_container(config, resolve=False)
+    plain.pop("hydra", None)
+    return OmegaConf.create(plain)
+
+
+# The defaults of a config file (with the embedded layer or not), by the files' state: composing them is half the
+# cost of every composition (Hydra parses each YAML file anew), and they only change when a file does.
+_DEFAULTS: dict[tuple, DictConfig] = {}
+
+
+def _defaults_of(config_dir: Path, config_name: str, layer: tuple[str, ...]) -> DictConfig:
+    """The composed defaults of ``config_name``, composed once per state of the directory's YAML files and shared,
+    read-only (what a setting is compared against, never changed); called under :func:`_hydra_initialised_on`
+    ``config_dir``."""
+    from hydra import compose
+
+    files = sorted(config_dir.rglob("*.yaml"))
+    key = (config_dir, config_name, layer, tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files))
+    if key not in _DEFAULTS:
+        defaults = _plain(compose(config_name=config_name, overrides=list(layer)))
+        OmegaConf.set_readonly(defaults, True)
+        _DEFAULTS[key] = defaults
+    return _DEFAULTS[key]
 
 
 def _embedded_layer(composed: DictConfig, overrides: Sequence[str]) -> list[str]:
