@@ -35,8 +35,7 @@ BROKEN_IN_VERL = {
 PENDING: dict[str, str] = {}
 
 
-def _outcomes(tmp_path_factory, extra=()):
-    inputs = write_inputs(tmp_path_factory.mktemp("verl_scripts"))
+def _outcomes(inputs, extra=()):
     results = {}
     for script in load_scripts():
         try:
@@ -62,13 +61,18 @@ def _unexplained(outcomes, allowed):
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
-    return _outcomes(tmp_path_factory)
+def inputs(tmp_path_factory):
+    return write_inputs(tmp_path_factory.mktemp("verl_scripts"))
 
 
 @pytest.fixture(scope="module")
-def outcomes_on_cuda(tmp_path_factory):
-    return _outcomes(tmp_path_factory, ("trainer.device=cuda",))
+def outcomes(inputs):
+    return _outcomes(inputs)
+
+
+@pytest.fixture(scope="module")
+def outcomes_on_cuda(inputs):
+    return _outcomes(inputs, ("trainer.device=cuda",))
 
 
 @pytest.mark.slow

@@ -47,11 +47,12 @@ class MegatronLoraConfig(BaseConfig):
     freeze_language_model: bool
 
     def check(self) -> None:
-        from verl.models.mcore.lora import COLUMN_PARALLEL, INIT_METHODS, ROW_PARALLEL
-
         check_int(self, "rank", 0)
         if not self.rank:
             return
+        # megatron-core is imported only for a megatron LoRA config (a dp/fsdp run need not have it)
+        from verl.models.mcore.lora import COLUMN_PARALLEL, INIT_METHODS, ROW_PARALLEL
+
         if self.type != "lora":
             reason = _OTHER_KINDS.get(self.type, "an adapter kind this project does not know")
             raise FieldError("type", f"={self.type!r}: {reason}, not built here. Use type=lora.")
