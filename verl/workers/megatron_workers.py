@@ -66,8 +66,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         return self.config.actor_rollout_ref.actor.megatron.model_parallel_size
 
     def _checkpoint_is_collective(self) -> bool:
-        megatron = self.config.actor_rollout_ref.actor.megatron
-        return megatron.model_parallel_size > 1 or megatron.use_distributed_optimizer
+        return self.config.actor_rollout_ref.actor.megatron.checkpoint_is_collective
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()
@@ -161,8 +160,7 @@ class MegatronCriticWorker(CriticWorker):
         return self.config.critic.megatron.model_parallel_size
 
     def _checkpoint_is_collective(self) -> bool:
-        megatron = self.config.critic.megatron
-        return megatron.model_parallel_size > 1 or megatron.use_distributed_optimizer
+        return self.config.critic.megatron.checkpoint_is_collective
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()

@@ -302,6 +302,12 @@ class MegatronConfig(BaseConfig):
         """Over how many ranks one copy of the model is split: tensor-parallel ranks x pipeline stages."""
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
+    @property
+    def checkpoint_is_collective(self) -> bool:
+        """Whether every rank takes part in a save: the model is split over ranks, or megatron-core's distributed
+        optimizer spreads its state over the data-parallel ranks."""
+        return self.model_parallel_size > 1 or self.use_distributed_optimizer
+
     def same_layout(self, other: MegatronConfig) -> bool:
         """Whether two sections split a model alike (megatron-core keeps one set of groups per process)."""
         names = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size")
