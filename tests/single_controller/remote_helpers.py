@@ -4,6 +4,7 @@ Ray pickles classes by reference, so everything an actor runs or raises must be 
 processes; the tests put the repository root on their ``PYTHONPATH``.
 """
 
+import os
 import time
 
 import torch
@@ -40,6 +41,10 @@ class EchoWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def whoami(self, suffix: str) -> str:
         return f"rank{self.rank}/{self.world_size}{suffix}"
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
 
     @register(dispatch_mode=Dispatch.RANK_ZERO)
     def rank_zero_value(self, value: int) -> tuple[int, int]:

@@ -23,6 +23,8 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 def group():
     python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     ray.init(
+        # an instance of its own: without an address Ray joins any cluster this machine runs (another test's)
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,
@@ -162,9 +164,16 @@ def test_different_errors_report_lowest_rank_and_log_the_rest(group, caplog):
 
 def test_second_group_with_name_prefix_and_shutdown(group):
     # A fresh group (its own torch.distributed world) next to the module's one; shutdown kills its actors.
-    other = RayWorkerGroup(RayResourcePool(1, num_cpus_per_worker=0.25), RayClassWithInitArgs(EchoWorker), "solo")
+    # its runtime environment's variables reach the worker, next to the group's own (RANK, WORLD_SIZE)
+    other = RayWorkerGroup(
+        RayResourcePool(1, num_cpus_per_worker=0.25),
+        RayClassWithInitArgs(EchoWorker),
+        "solo",
+        runtime_env={"env_vars": {"TORCH_NCCL_BLOCKING_WAIT": "1"}},
+    )
     assert other.world_size == 1
     assert other.whoami("") == ["rank0/1"]
+    assert other.env("TORCH_NCCL_BLOCKING_WAIT") == ["1"] and group.env("TORCH_NCCL_BLOCKING_WAIT") == [None, None]
     handle = ray.get_actor("solo_0")
     other.shutdown()
     other.shutdown()  # idempotent

@@ -12,6 +12,7 @@ from tests.trainer.test_main_ppo import write_checkpoint
 from verl.single_controller import WorkerDiedError
 from verl.trainer import main_ppo
 from verl.trainer.main_ppo import checkpoint_after_death, cpus_per_worker, describe_death, start_ray
+from verl.trainer.ray_setup import worker_env_vars
 from verl.workers.config import PPOConfig, compose_omegaconf
 
 
@@ -48,6 +49,12 @@ def test_on_a_gpu_run_a_cpu_only_head_node_does_not_set_the_cpu_share(monkeypatc
     fake_nodes(monkeypatch, [64.0, 16.0], gpus=[0.0, 8.0])
     assert cpus_per_worker(1, 24, gpus_per_node=8) == pytest.approx(16 / 24)
     assert cpus_per_worker(1, 24) == 1.0  # a CPU run: every node may hold ranks
+
+
+def test_nccl_blocking_wait_is_an_environment_variable_of_every_worker_only_when_asked():
+    assert worker_env_vars(PPOConfig.from_omegaconf(compose_omegaconf()).trainer) == {}
+    config = PPOConfig.from_omegaconf(compose_omegaconf(["trainer.nccl_blocking_wait=true"]))
+    assert worker_env_vars(config.trainer) == {"TORCH_NCCL_BLOCKING_WAIT": "1"}
 
 
 def test_restart_in_auto_mode_takes_the_newest_complete_checkpoint(tmp_path):

@@ -7,8 +7,9 @@ other failure, since the others' errors (a collective that lost its peer) follow
 :class:`WorkerDiedError` naming the group, the rank and the node. Once one rank failed the others get a bounded
 grace period, so a rank stuck in a collective with a dead peer never hangs the driver. A rank that hangs while
 the others wait for it in a collective is found the same way: when a rank's error is a collective timeout
-(:func:`is_collective_timeout`), the ranks that did not time out (still running after the grace period, or
-finished without waiting) are the ones the others waited for, reported as :class:`CollectiveTimeoutError`.
+(:func:`~verl.single_controller.worker.is_collective_timeout`), the ranks that did not time out (still running
+after the grace period, or finished without waiting) are the ones the others waited for, reported as
+:class:`CollectiveTimeoutError`.
 :class:`PendingResult` is a call in flight: it collects with :func:`get_all` and records the call's timing.
 """
 
@@ -25,6 +26,7 @@ from ray.exceptions import ActorDiedError, RayActorError, RayTaskError
 
 from verl.single_controller.timing import CallTiming
 from verl.single_controller.transport import unpack
+from verl.single_controller.worker import is_collective_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +35,6 @@ ERROR_GRACE_S = 10.0
 # After one rank died, how long to wait for the others to be reported: a lost node takes all of its ranks at once,
 # and the lowest dead rank is reported. The living ones need not finish: the group is torn down anyway.
 DEATH_GRACE_S = 2.0
-# What torch.distributed says when a collective waited past its timeout: gloo's error in the waiting rank, and the
-# NCCL watchdog's (which then ends the rank's process, so it usually arrives as a death instead).
-_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for|Watchdog caught collective operation timeout")
 # What a rank gets when it reaches a collective its peers already gave up on: a consequence of a timeout, not a cause.
 _PEER_GAVE_UP = re.compile(
     r"Connection closed by peer|Connection reset by peer|Application timeout caused pair closure"
@@ -84,11 +83,6 @@ class GenerationTimeoutError(WorkerDiedError):
     """
 
     event = "returned no samples in time"
-
-
-def is_collective_timeout(err: BaseException) -> bool:
-    """Whether a worker's error is a ``torch.distributed`` collective that waited past its timeout."""
-    return isinstance(err, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(err)))
 
 
 def death_reason(err: RayActorError) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import re
 import socket
 import time
 
@@ -32,6 +33,10 @@ DEFAULT_MASTER_ADDR = "127.0.0.1"
 # enough for a slow step, short enough that a rank stuck with a dead peer fails in bounded time.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
 COLLECTIVE_TIMEOUT_ENV = "VERL_COLLECTIVE_TIMEOUT_S"
+# What torch.distributed says when a collective waited past its timeout: gloo's error in the waiting rank, and the
+# NCCL watchdog's (raised in the waiting rank under TORCH_NCCL_BLOCKING_WAIT=1; otherwise the watchdog ends the
+# rank's process, which arrives as a death instead).
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for|Watchdog caught collective operation timeout")
 
 
 def find_free_port(host: str = DEFAULT_MASTER_ADDR) -> int:
@@ -72,6 +77,11 @@ def _env_int(name: str, default: int, minimum: int) -> int:
         f"an integer >= {minimum}",
         f"the worker group sets it; when starting a worker by hand, set {name} to a valid value or leave it unset.",
     )
+
+
+def is_collective_timeout(err: BaseException) -> bool:
+    """Whether a worker's error is a ``torch.distributed`` collective that waited past its timeout."""
+    return isinstance(err, RuntimeError) and bool(_COLLECTIVE_TIMEOUT.search(str(err)))
 
 
 def collective_timeout_s() -> float:

@@ -142,13 +142,14 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
 
     def start(worker_cls, name_prefix: str, collective_timeout_s: float, worker_pool=pool):
         enabled = any(section.enable for _, section in profiled.get(name_prefix, []))
+        # tool nsys: the profiled groups' workers run under Nsight Systems
+        runtime_env = worker_runtime_env(config.global_profiler) if enabled else {}
         group = RayWorkerGroup(
             worker_pool,
             RayClassWithInitArgs(worker_cls, config, num_steps),
             name_prefix=name_prefix,
             collective_timeout_s=collective_timeout_s,
-            # tool nsys: the profiled groups' workers run under Nsight Systems
-            runtime_env=worker_runtime_env(config.global_profiler) if enabled else None,
+            runtime_env={**runtime_env, "env_vars": worker_env_vars(trainer)},
         )
         started.append(group)
         for line in group.init_model():
@@ -202,6 +203,19 @@ def build_worker_groups(config: PPOConfig, num_steps: int):
         shutdown_groups(*started)
         raise
     return actor_wg, critic_wg, reward_model_wg, rollout_wg
+
+
+def worker_env_vars(trainer) -> dict[str, str]:
+    """The environment variables of every worker of a run, from ``trainer``.
+
+    ``trainer.nccl_blocking_wait=true`` sets ``TORCH_NCCL_BLOCKING_WAIT=1``: an NCCL collective that waits past
+    ``trainer.collective_timeout_s`` then raises its timeout in the waiting rank's Python thread (torch turns the
+    watchdog's tear-down off in this mode), so the waiting ranks report a timeout and the rank they waited for, still
+    running, is named as hung, as on gloo. Without it NCCL's watchdog ends the waiting ranks' processes, and the
+    run reports the lowest of them as dead. The cost: each rank's CPU waits for every collective it waits on to
+    finish on the GPU instead of queueing the next kernels, so it is off by default.
+    """
+    return {"TORCH_NCCL_BLOCKING_WAIT": "1"} if trainer.nccl_blocking_wait else {}
 
 
 def cpus_per_worker(nnodes: int, workers_per_node: int, gpus_per_node: int = 0) -> float:

@@ -203,6 +203,7 @@ class TrainerConfig(BaseConfig):
     device: Literal["cpu", "cuda", "auto"]
     max_restarts: int
     collective_timeout_s: float
+    nccl_blocking_wait: bool
     placement_timeout_s: float
     log_val_generations: int
     max_actor_ckpt_to_keep: int | None
