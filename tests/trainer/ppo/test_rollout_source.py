@@ -40,7 +40,15 @@ class _Pending:
         self.group, self.call_id = group, call_id
 
     def unfinished_ranks(self, timeout_s):
-        return [0] if self.group.hangs else []
+        # a call runs when waited for: a look without waiting (0 s) finds it finished only if it has run already; a
+        # wait runs the queue up to it and finds it late when that took longer than the wait's bound
+        if self.group.hangs:
+            return [0]
+        if timeout_s == 0:
+            return [] if self.call_id in self.group.results else [0]
+        start = time.perf_counter()
+        self.group.run_through(self.call_id)
+        return [0] if time.perf_counter() - start > timeout_s else []
 
     def get(self):
         return self.group.run_until(self.call_id)
@@ -68,10 +76,13 @@ class _RolloutGroup:
         self.next_id += 1
         return _Pending(self, self.next_id - 1)
 
-    def run_until(self, call_id):
+    def run_through(self, call_id):
         while call_id not in self.results:
             cid, method, args = self.queue.popleft()
             self.results[cid] = getattr(self, "_" + method)(*args)
+
+    def run_until(self, call_id):
+        self.run_through(call_id)
         return self.results.pop(call_id)
 
     def _load_weights(self, weights, version):
@@ -339,3 +350,112 @@ def test_a_resume_after_an_extra_round_trains_what_the_uninterrupted_run_trains(
     resumed.load_state_dict(state)
     resumed.start()
     assert before_save + _train(resumed, loader, 3) == uninterrupted
+
+
+def _generated(rollout):
+    return [entry[1:] for entry in rollout.log if entry[0] == "gen"]
+
+
+def test_a_resume_in_the_middle_of_a_sync_window_keeps_the_staleness_rule():
+    # threshold 1, a sync every 2 steps: floor(2 x 2) = 4 batches per version. Uninterrupted: version 0 starts
+    # batches 0-3; step 2 syncs (version 1) with 2 and 3 waiting, so version 1 starts 4 - 2 = 2 batches (4, 5);
+    # step 4 syncs (version 2) and starts 6, 7. Staleness: 0, 0, then 1 (2, 3 by version 0 at version 1; 4, 5 by
+    # version 1 at version 2).
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=1.0, trigger_parameter_sync_step=2)
+    steps = run_steps(source, applied=[True] * 6)
+    assert [m["fully_async/staleness/max"] for _, m in steps] == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert _generated(rollout) == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 1), (5, 1)]
+
+    # saved after step 1, mid-window: 1, 2, 3 in flight and nothing left to start in version 0. The resumed run
+    # starts those three again and no fourth: with a full version's budget it started batch 4 by version 0, which
+    # step 5 trained at version 2 (staleness 2).
+    loader = _Loader()
+    first = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=1.0, trigger_parameter_sync_step=2)
+    run_steps(first, applied=[True])
+    data_position, state = first.loader_state(), first.state_dict()
+    assert state["may_start"] == 0 and len(state["in_flight_positions"]) == 3
+    rollout, loader = _RolloutGroup(), _Loader()
+    loader.load_state_dict(data_position)
+    resumed = AsyncRollout(rollout, _ActorGroup(), loader, staleness_threshold=1.0, trigger_parameter_sync_step=2)
+    resumed.load_state_dict(state)
+    after = run_steps(resumed, applied=[True] * 5)
+    assert [index for index, _ in after] == [1, 2, 3, 4, 5]
+    assert [m["fully_async/staleness/max"] for _, m in after] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert _generated(rollout) == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1)]
+
+
+def test_a_run_resumed_with_more_steps_after_it_ended_starts_the_budget_its_end_left():
+    # 3 steps, sync every 2, threshold 0 (2 batches a version): version 1 may start 2 batches at step 2's sync,
+    # but the run has 1 step left, so it starts batch 2 only and saves a budget of 1 with nothing in flight after
+    # step 3. Resumed for 1 more step, it starts that 1 batch (3), as the longer run would have.
+    loader = _Loader()
+    first = AsyncRollout(_RolloutGroup(), _ActorGroup(), loader, staleness_threshold=0.0, trigger_parameter_sync_step=2)
+    first.start(steps_to_train=3)
+    for _ in range(3):
+        first.generate(first.next_prompts(), {})
+        first.after_update(True)
+    state = first.state_dict()
+    assert state["in_flight_positions"] == [] and state["may_start"] == 1
+    loader2 = _Loader()
+    loader2.load_state_dict(first.loader_state())
+    resumed = AsyncRollout(
+        _RolloutGroup(), _ActorGroup(), loader2, staleness_threshold=0.0, trigger_parameter_sync_step=2
+    )
+    resumed.load_state_dict(state)
+    resumed.start(steps_to_train=1)
+    assert int(resumed.generate(resumed.next_prompts(), {}).batch["index"][0]) == 3
+
+
+def test_a_sync_queued_behind_a_generation_nobody_took_yet_is_not_waited_for():
+    # threshold 2: floor(3 x 1) = 3 batches per version, so at a sync two batches are still queued before it. The
+    # trainer must not wait for the previous sync (it sits behind a batch it has not asked for): each step runs
+    # exactly the generation of the batch it trains, in order, with versions 0, 0, 0, 1, 2, ...
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=2.0)
+    generated_by_step = []
+    source.start()
+    for _ in range(5):
+        source.generate(source.next_prompts(), {})
+        source.after_update(True)
+        generated_by_step.append(len(_generated(rollout)))
+    assert generated_by_step == [1, 2, 3, 4, 5]
+    assert _generated(rollout) == [(0, 0), (1, 0), (2, 0), (3, 1), (4, 2)]
+    # the syncs whose generation came: read (their errors raised); the rest still pending
+    assert len(source._syncs) <= 3
+
+
+def test_a_threshold_too_small_for_a_whole_batch_ahead_is_said_at_start_up(caplog):
+    # verl's fully async example: floor(1.1 x 4) = 4 batches per version, the window itself; 0.25 x 4 = 1 goes ahead
+    with caplog.at_level("WARNING", logger="verl.trainer.ppo.rollout_source"):
+        quiet = AsyncRollout(_RolloutGroup(), _ActorGroup(), _Loader(), 0.25, trigger_parameter_sync_step=4)
+        assert quiet.batches_per_version == 5 and not caplog.records
+        AsyncRollout(_RolloutGroup(), _ActorGroup(), _Loader(), staleness_threshold=0.1, trigger_parameter_sync_step=4)
+    assert "never generates ahead of a sync" in caplog.text and "staleness_threshold >= 0.25" in caplog.text
+
+
+def test_an_extra_round_queued_behind_the_batches_in_flight_is_bounded_on_its_own():
+    # threshold 2: batches 1 and 2 are in flight when step 1's extra round (DAPO) is queued behind them. Each
+    # generation takes 0.2 s against a bound of 0.5 s: the whole queue (0.6 s) is longer than the bound, no single
+    # generation is, so nothing may be reported late.
+    loader = _Loader()
+    source = AsyncRollout(_RolloutGroup(gen_seconds=0.2), _ActorGroup(), loader, 2.0, wait_timeout_s=0.5)
+    source.start()
+    assert _train(source, loader, 1, extra_round_at=0) == [0, 3]
+
+
+def test_validation_answers_with_the_last_syncs_weights_and_says_which():
+    # a sync every 2 steps: after step 1 the rollout group holds version 0 and misses step 1's applied update; after
+    # step 2 it holds version 1, the trainer's
+    rollout = _RolloutGroup()
+    source = AsyncRollout(rollout, _ActorGroup(), _Loader(), staleness_threshold=0.5, trigger_parameter_sync_step=2)
+    run_steps(source, applied=[True])
+    prompts = DataProto.from_dict(tensors={"index": torch.full((2,), 100)})
+    output, metrics = source.validation_samples(prompts)
+    assert metrics == {"val/weight_version": 0.0, "val/steps_behind": 1.0}
+    assert int(output.batch["index"][0]) == 100 and output.batch[WEIGHT_VERSION_KEY].max().item() == 0
+    source.generate(source.next_prompts(), {})
+    source.after_update(True)
+    output, metrics = source.validation_samples(prompts)
+    assert metrics == {"val/weight_version": 1.0, "val/steps_behind": 0.0}
+    assert output.batch[WEIGHT_VERSION_KEY].max().item() == 1

@@ -25,6 +25,7 @@ batch after it is sampled by the new weights.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -39,6 +40,8 @@ import torch
 from verl.protocol import DataProto
 from verl.trainer.ppo.metric_utils import slowest_rank
 from verl.workers.rollout.partial import WEIGHT_VERSION_KEY
+
+logger = logging.getLogger(__name__)
 
 
 def assign_group_ids(prompts: DataProto) -> DataProto:
@@ -55,7 +58,8 @@ class ColocatedRollout:
         self.train_loader = train_loader
 
     def start(self, steps_to_train: int | None = None) -> None:
-        """Nothing to send: the rollout samples with the actor's own weights."""
+        """Nothing to send: the actor workers' rollout samples with their actor's weights (an engine with weights of
+        its own got them when the workers started)."""
 
     def next_prompts(self) -> DataProto:
         return next(self.train_loader)
@@ -68,6 +72,11 @@ class ColocatedRollout:
     def after_update(self, applied: bool) -> dict[str, float]:
         """The actor workers send new weights to a rollout holding its own copy themselves."""
         return {}
+
+    def validation_samples(self, prompts: DataProto) -> tuple[DataProto, dict[str, float]]:
+        """Responses to validation prompts (their sampling settings in ``meta_info``), by the actor's current
+        weights; no metrics of its own."""
+        return self.actor_wg.generate_sequences(prompts), {}
 
     def batch_metrics(self, batch: DataProto, step_seconds: float, wait_seconds: float) -> dict[str, float]:
         """Every sample is fresh: no staleness to report."""
@@ -133,6 +142,17 @@ class AsyncRollout:
         self.trigger_parameter_sync_step = trigger_parameter_sync_step
         # batches the rollout group may start per weight version (verl: (1 + threshold) x the samples of a sync)
         self.batches_per_version = max(1, math.floor((1 + staleness_threshold) * trigger_parameter_sync_step + 1e-9))
+        if staleness_threshold > 0 and self.batches_per_version == trigger_parameter_sync_step:
+            # verl counts the budget in samples (a fraction of a batch may go ahead); here it is whole batches
+            logger.warning(
+                "async_training.staleness_threshold=%g with trigger_parameter_sync_step=%d allows %d batches per "
+                "weight version, one window's worth: the rollout group never generates ahead of a sync (the budget "
+                "counts whole batches). staleness_threshold >= %g lets one batch go ahead.",
+                staleness_threshold,
+                trigger_parameter_sync_step,
+                self.batches_per_version,
+                1 / trigger_parameter_sync_step,
+            )
         self.rollout_n = rollout_n
         self.wait_timeout_s = wait_timeout_s
         # partial rollouts: weights go to a thread of their own in each rollout worker, which switches to them
@@ -149,7 +169,7 @@ class AsyncRollout:
         self.stale_trajectories_processed = 0  # their responses (verl's "trajectories")
         self._rollout_busy_s = 0.0  # the rollout group's generation seconds since the last step's metrics
         self._last_metrics_at: float | None = None
-        self._last_sync = None  # the pending load_weights call, checked at the next sync
+        self._syncs: deque = deque()  # the weight syncs sent whose outcome has not been read, oldest first
 
     # ------------------------------------------------------------------ the trainer's calls
 
@@ -180,9 +200,11 @@ class AsyncRollout:
             pending = self.in_flight.popleft().pending
         else:
             pending = self._submit(prompts)
-        late = pending.unfinished_ranks(self.wait_timeout_s)
-        if late:
-            raise self.rollout_wg.generation_timeout(late[0], self.wait_timeout_s)
+            # queued behind every batch in flight: each of those gets its own bound first, so that a healthy queue
+            # longer than wait_timeout_s is not taken for a rank that hangs
+            for earlier in self.in_flight:
+                self._wait_for(earlier.pending)
+        self._wait_for(pending)
         generated = pending.get()
         timing["wait_prev_gen"] = timing.get("wait_prev_gen", 0.0) + time.perf_counter() - start
         gen_s = slowest_rank(generated.meta_info.pop("metrics"))["timing_s/gen"]
@@ -215,6 +237,18 @@ class AsyncRollout:
             "timing_s/sync_rollout_weights": seconds,
             "fully_async/count/current_param_version": float(self.version),
         }
+
+    def validation_samples(self, prompts: DataProto) -> tuple[DataProto, dict[str, float]]:
+        """Responses to validation prompts from the rollout group, which holds the weights of the last sync: queued
+        behind the batches in flight, each waited for within ``wait_timeout_s``. Its metrics say which weights
+        answered: ``val/weight_version`` and ``val/steps_behind`` (the steps since that sync whose applied updates
+        the answers lack: 0 when ``trainer.test_freq`` is a multiple of ``trigger_parameter_sync_step``)."""
+        pending = self.rollout_wg.submit("generate_sequences", prompts)
+        for earlier in self.in_flight:
+            self._wait_for(earlier.pending)
+        self._wait_for(pending)
+        behind = self.steps_since_sync if self.applied_since_sync else 0
+        return pending.get(), {"val/weight_version": float(self.version), "val/steps_behind": float(behind)}
 
     def batch_metrics(self, batch: DataProto, step_seconds: float, wait_seconds: float) -> dict[str, float]:
         """The staleness of the step's batch and the idle shares of both sides.
@@ -256,15 +290,16 @@ class AsyncRollout:
         return self.train_loader.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs: the version, the sync window's position, the stale counts, and where each batch in
-        flight was drawn. Their samples are not saved: a resumed run draws the same prompts from those positions and
-        generates them again with the checkpoint's weights. Each is drawn from its own position, not all from the
-        first one's, because prompts drawn between them (DAPO's extra rounds, :meth:`generate`) were trained
-        already and must not come back as a step's batch."""
+        """What a resume needs: the version, the sync window's position and budget, the stale counts, and where each
+        batch in flight was drawn. Their samples are not saved: a resumed run draws the same prompts from those
+        positions and generates them again with the checkpoint's weights. Each is drawn from its own position, not
+        all from the first one's, because prompts drawn between them (DAPO's extra rounds, :meth:`generate`) were
+        trained already and must not come back as a step's batch."""
         return {
             "version": self.version,
             "steps_since_sync": self.steps_since_sync,
             "applied_since_sync": self.applied_since_sync,
+            "may_start": self.may_start,
             "stale_samples_processed": self.stale_samples_processed,
             "stale_trajectories_processed": self.stale_trajectories_processed,
             "in_flight_positions": [batch.loader_state_before for batch in self.in_flight],
@@ -274,6 +309,11 @@ class AsyncRollout:
         # a checkpoint without positions (written before they were saved) holds the first in-flight batch's
         # position as its data position: drawing on from there is what those runs did
         self._to_redraw = deque(state.get("in_flight_positions", []))
+        # the window's budget as the save left it: the batches then in flight (drawn again at start) and those the
+        # version could still start; a full version's budget would start, mid-window, batches that the
+        # uninterrupted run starts only after the next sync, and they would train one version staler than the rule
+        budget = state.get("may_start")
+        self.may_start = self.batches_per_version if budget is None else len(self._to_redraw) + int(budget)
         self.version = int(state.get("version", 0))
         self.steps_since_sync = int(state.get("steps_since_sync", 0))
         self.applied_since_sync = bool(state.get("applied_since_sync", False))
@@ -301,6 +341,12 @@ class AsyncRollout:
             self.train_loader.load_state_dict(resume_at)
         self.in_flight.append(_InFlight(prompts, self._submit(prompts), before))
 
+    def _wait_for(self, pending) -> None:
+        """Wait up to ``wait_timeout_s`` for a generation call; past it, stop the run naming the late rank."""
+        late = pending.unfinished_ranks(self.wait_timeout_s)
+        if late:
+            raise self.rollout_wg.generation_timeout(late[0], self.wait_timeout_s)
+
     def _submit(self, prompts: DataProto):
         return self.rollout_wg.submit("generate_sequences", assign_group_ids(prompts))
 
@@ -308,10 +354,13 @@ class AsyncRollout:
         """The actor's weights, once into Ray's object store, to every rollout rank as version :attr:`version`
         (queued behind the generation in flight)."""
         weights = next(w for w in self.actor_wg.export_weights() if w is not None)
-        if self._last_sync is not None:
-            # done by now (the generation it was queued behind has been taken): raises what it raised
-            self._last_sync.get()
-        self._last_sync = self.rollout_wg.submit(self.sync_method, ray.put(weights), self.version)
+        # an earlier sync that has run raises what it raised; one still queued behind a generation nobody has taken
+        # yet (a staleness threshold above 1 starts more than one version ahead) is not waited for: the trainer
+        # would wait out that generation here, without the bound of wait_timeout_s. A rank that never gets to it is
+        # found by the wait for the generation before it (generate).
+        while self._syncs and not self._syncs[0].unfinished_ranks(0.0):
+            self._syncs.popleft().get()
+        self._syncs.append(self.rollout_wg.submit(self.sync_method, ray.put(weights), self.version))
 
 
 def token_version_range(batch: DataProto) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """The trainer's validation: responses to the validation prompts, scored, with verl's validation metrics.
 
 :class:`ValidationMixin` is a part of :class:`~verl.trainer.ppo.ray_trainer.RayPPOTrainer`; it reads the trainer's
-``config``, ``val_batches``, ``actor_wg`` and ``rollout_wg`` (the group that generates), ``score``, ``tokenizer``,
-``tracker`` and ``global_step``.
+``config``, ``val_batches``, ``rollout_source`` (which group answers, with which weights), ``score``,
+``tokenizer``, ``tracker`` and ``global_step``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ class ValidationMixin:
         Returns ``val/score/mean`` and verl's validation metrics (:func:`process_validation_metrics`, per data
         source): ``val-core/<source>/<var>/mean@N`` (and ``best@N`` / ``maj@N``) for the core variable (``acc``
         when the scorer returns it, else ``reward``, the score), ``val-aux/...`` for the rest. With
-        ``trainer.log_val_generations: N`` the first N samples (prompt, response, score) go to the tracker.
+        ``trainer.log_val_generations: N`` the first N samples (prompt, response, score) go to the tracker. With a
+        rollout group of its own, also which weights answered (``val/weight_version``, ``val/steps_behind``).
         """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         num_samples = self.config.trainer.log_val_generations if self.tokenizer is not None else 0
         samples: list[dict[str, Any]] = []
         scores, sources, uids = [], [], []
         infos: dict[str, list] = defaultdict(list)
+        weights: dict[str, float] = {}
         for prompts in self.val_batches:
             non_tensors = dict(prompts.non_tensor_batch)
             non_tensors["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
@@ -43,7 +45,7 @@ class ValidationMixin:
                 non_tensors=non_tensors,
                 meta_info=val_kwargs.as_overrides(),  # n, do_sample, temperature, top_k, top_p
             )
-            output = (self.rollout_wg or self.actor_wg).generate_sequences(prompts)
+            output, weights = self.rollout_source.validation_samples(prompts)
             score = self.score(output).sum(-1)
             scores.append(score)
             if len(samples) < num_samples:
@@ -53,7 +55,7 @@ class ValidationMixin:
                 infos[key].extend(output.non_tensor_batch[key].tolist())
             uids.extend(output.non_tensor_batch["uid"].tolist())
             sources.extend(output.non_tensor_batch.get("data_source", np.full(len(output), "unknown")).tolist())
-        metrics = {"val/score/mean": torch.cat(scores).mean().item()}
+        metrics = {"val/score/mean": torch.cat(scores).mean().item(), **weights}
         metrics.update(validation_metrics(sources, uids, dict(infos)))
         if samples and self.tracker is not None:
             # the same first prompts at every validation, so that their answers can be compared as training goes
