@@ -179,3 +179,24 @@ def test_the_critic_builds_its_value_model_from_its_own_overridden_config():
     critic = worker_classes("dp")[1](config, total_training_steps=4)
     critic.init_model()
     assert critic.critic.model_module().backbone.config.rms_norm_eps == 1e-3
+
+
+def test_the_passes_that_do_not_train_run_without_dropout_and_leave_the_actor_training(make_worker, strategy):
+    # a model with dropout on (0.5 everywhere it applies): the old log-probs and the reference's are those of the
+    # model in eval mode, as the rollout that sampled the responses ran it, so two passes agree to the bit; the
+    # actor goes back to train mode for its update (whose forward passes keep their dropout)
+    from verl.trainer.data_setup import build_data
+
+    dropout = (
+        "+actor_rollout_ref.model.override_config.attention_dropout=0.5"
+        if strategy == "dp"
+        else "+actor_rollout_ref.actor.megatron.override_transformer_config.hidden_dropout=0.5"
+    )
+    worker = make_worker(dropout, "actor_rollout_ref.actor.use_kl_loss=true")
+    samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+    first = worker.compute_log_prob(samples).batch["old_log_probs"]
+    again = worker.compute_log_prob(samples).batch["old_log_probs"]
+    assert torch.equal(first, again)
+    ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
+    assert torch.equal(ref, first)  # before any update the reference is the actor
+    assert worker.actor.model_module().training

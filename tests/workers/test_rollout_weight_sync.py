@@ -6,6 +6,8 @@ update was skipped, the weights are sent after a step with a successful update a
 Hugging Face names and the actor's current values, and the metrics say so.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -109,3 +111,21 @@ def test_rollouts_without_their_own_weights_report_no_sync(worker):
     worker.rollout = worker.rollout.inner  # the naive rollout samples from the actor itself
     metrics = worker.update_actor(update_batch(worker))
     assert "rollout/weight_syncs" not in metrics and "timing_s/weight_sync" not in metrics
+
+
+def test_a_rollout_with_weights_of_its_own_gets_the_actors_at_start_up(monkeypatch):
+    # the engine loads model.path, but the actor may start from other weights (an adapter of model.lora_adapter_path,
+    # a megatron LoRA B init that is not zero, a megatron dist checkpoint): init_model sends the actor's weights,
+    # LoRA merged under the plain model's names, before any rollout
+    cls = worker_classes("dp")[0]
+    build_rollout = cls._build_rollout
+    monkeypatch.setattr(cls, "_build_rollout", lambda self: RecordingRollout(build_rollout(self)))
+    config = compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", *SMALL, "actor_rollout_ref.model.lora_rank=4"])
+    built = cls(config, total_training_steps=4)
+    built.init_model()
+    assert len(built.rollout.loads) == 1
+    sent = built.rollout.loads[0]
+    assert "model.layers.0.self_attn.q_proj.weight" in sent and not any("lora_" in name for name in sent)
+    # peft's own merge of a copy says what the merged weights are
+    expected = copy.deepcopy(built.actor.peft_model).merge_and_unload().state_dict()
+    assert sorted(sent) == sorted(expected) and all(torch.equal(sent[n], expected[n]) for n in expected)

@@ -89,12 +89,54 @@ def add_lora_adapters(module: torch.nn.Module, model_config: Any, *, key: str = 
                 "Name linear layers of the model (e.g. [q_proj, v_proj]) or use all-linear."
             ) from error
     _check_rank_fits(peft_model, key)
+    _check_mergeable(peft_model, module, key)
     num_trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     num_total = sum(p.numel() for p in module.parameters())
     logger.info(
         "LoRA: %d trainable parameters of %d (%.3f%%)", num_trainable, num_total, 100 * num_trainable / num_total
     )
     return peft_model
+
+
+def _check_mergeable(peft_model: Any, module: torch.nn.Module, key: str) -> None:
+    """Refuse an adapter whose merged weights :func:`merged_lora_weights` cannot give: the rollout engine, the
+    one-rank FSDP2 decoder and the Hugging Face export all sample from ``W + scaling x B @ A`` of linear layers.
+
+    Refused, naming the layer: an adapter on a layer that is not a linear one (an embedding, a Conv1D), DoRA (its
+    magnitude vector rescales the merged weight), adapter biases (``lora_bias``), ``modules_to_save`` (whole copies
+    of layers, which the merge would not put back under the plain names), and, in a model whose output layer shares
+    the input embedding's weight (``tie_word_embeddings``), an adapter on ``lm_head``: the trained policy would need
+    two different matrices where the model holds one, and vLLM and the export would both lose the adapter.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    for adapter, config in peft_model.peft_config.items():
+        if getattr(config, "modules_to_save", None):
+            raise ValueError(
+                f"{key}: the LoRA adapter {adapter!r} has modules_to_save={list(config.modules_to_save)}; whole "
+                "trained copies of layers are not merged into the rollout's and the export's weights here. Train "
+                "them as adapters (target_modules) instead."
+            )
+    tied = bool(getattr(getattr(module, "config", None), "tie_word_embeddings", False))
+    for name, layer in peft_model.base_model.model.named_modules():
+        if not isinstance(layer, LoraLayer):
+            continue
+        base = layer.get_base_layer()
+        if not isinstance(base, torch.nn.Linear):
+            raise ValueError(
+                f"{key}.target_modules puts a LoRA adapter on {name}, a {type(base).__name__}; only linear layers' "
+                "adapters are merged into the weights the rollout samples with. Leave it out of target_modules."
+            )
+        if any(getattr(layer, "use_dora", {}).values()):
+            raise ValueError(f"{key}: the adapter on {name} is DoRA (use_dora), which is not merged here; use LoRA.")
+        if any(getattr(layer, "lora_bias", {}).values()):
+            raise ValueError(f"{key}: the adapter on {name} has a bias (lora_bias), which is not merged here.")
+        if tied and name.split(".")[-1] == "lm_head":
+            raise ValueError(
+                f"{key}.target_modules puts a LoRA adapter on lm_head, whose weight is the input embedding's "
+                "(tie_word_embeddings: true): the adapted output layer would need a matrix of its own. Leave lm_head "
+                "out of target_modules."
+            )
 
 
 def _check_rank_fits(peft_model: Any, key: str) -> None:
@@ -184,7 +226,7 @@ class AdaptersOffReference:
     log-prob pass with its adapters off (:meth:`peft.PeftModel.disable_adapter`, or the megatron adapters' own
     switch, :func:`verl.models.mcore.lora.adapters_disabled`) gives it without a second copy of the weights (and,
     under FSDP2, with the same collectives every rank runs). Only :meth:`compute_log_prob` is offered: the reference
-    is never trained, checkpointed or sampled from.
+    is never trained, checkpointed or sampled from (:meth:`model_module` names the module it runs).
 
     Args:
         actor: the trained actor; its ``adapters_off()`` gives the switch.
@@ -194,6 +236,10 @@ class AdaptersOffReference:
         self.switch = actor.adapters_off()
         assert self.switch is not None, "the reference without adapters needs a LoRA actor"
         self.actor = actor
+
+    def model_module(self) -> Any:
+        """The actor's module, which this reference runs."""
+        return self.actor.model_module()
 
     def compute_log_prob(self, data: Any, micro_batching: Any = None, calculate_entropy: bool = False):
         """As the actor's ``compute_log_prob`` (log-probs (B, R), entropy or None), with the adapters off."""

@@ -23,6 +23,7 @@ model or is sharded).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import resource
@@ -40,6 +41,20 @@ from verl.workers.actor.base import BasePPOActor
 from verl.workers.config import ActorConfig, CriticConfig, PPOConfig
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def evaluating(module: torch.nn.Module):
+    """``module`` in eval mode for the block, then back in the mode it was in. Every pass that does not train runs
+    so: the rollout samples in eval mode, and the old log-probs, the reference's and the values must be those of
+    that same deterministic model, not of a draw of its dropout (a user's ``attention_dropout``, megatron's
+    ``hidden_dropout``, a megatron LoRA ``dropout``), which the update's forward passes keep."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
 
 
 def choose_device(config: PPOConfig) -> str:
@@ -240,8 +255,11 @@ class ActorRolloutRefWorker(_ModelWorker):
         if cfg.separate_rollout:  # the rollout runs in a worker group of its own (RolloutWorker)
             return f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)})"
         self.rollout = self._build_rollout()
-        if self._rollout_holds_weights() and arr.rollout.load_format == "dummy":
-            self._sync_rollout_weights()  # the engine started with random weights: the actor's go in before any use
+        if self._rollout_holds_weights():
+            # the engine loaded model.path (or random weights, load_format=dummy); the actor may start elsewhere: an
+            # adapter (model.lora_adapter_path, megatron LoRA with a non-zero B init), a megatron dist checkpoint.
+            # Its weights go in before any use.
+            self._sync_rollout_weights()
         return (
             f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)}), "
             f"rollout {arr.rollout.name}"
@@ -309,10 +327,8 @@ class ActorRolloutRefWorker(_ModelWorker):
     def _generate(self, prompts: DataProto) -> DataProto:
         """The rollout's output, tagged with the temperature it sampled at: the prompts' per-call override (as
         validation's ``val_kwargs``), else the configured one."""
-        self.actor.model_module().eval()
-        with torch.no_grad(), self.profiler.phase("gen"):
+        with evaluating(self.actor.model_module()), torch.no_grad(), self.profiler.phase("gen"):
             output = self.rollout.generate_sequences(prompts.to(self._device()))
-        self.actor.model_module().train()
         output.meta_info["temperature"] = prompts.meta_info.get(
             "temperature", self.config.actor_rollout_ref.rollout.temperature
         )
@@ -322,14 +338,14 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
         batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
-        with self.profiler.phase("old_log_prob"):
+        with evaluating(self.actor.model_module()), self.profiler.phase("old_log_prob"):
             return self.actor.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
         batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
-        with self.profiler.phase("ref"):
+        with evaluating(self.ref.model_module()), self.profiler.phase("ref"):
             return self.ref.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -503,7 +519,7 @@ class CriticWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
-        with self.profiler.phase("values"):
+        with evaluating(self.critic.model_module()), self.profiler.phase("values"):
             values = self.critic.compute_values(data.to(self._device()))
         return DataProto.from_dict(tensors={"values": values.cpu()})
 

@@ -1,5 +1,7 @@
 """The LoRA keys at start-up: accepted with verl's meaning, bad values refused with the key named."""
 
+import json
+
 import pytest
 
 from verl.workers.config import compose_ppo_config
@@ -22,6 +24,10 @@ def test_lora_rank_0_is_the_default_and_8_is_accepted():
         (["actor_rollout_ref.model.lora.rank=8"], r"model.lora.rank=8 is verl's megatron form"),
         (["actor_rollout_ref.model.lora_adapter_path=/tmp"], "not a peft adapter directory"),
         ([LORA, "actor_rollout_ref.model.lora_adapter_path=/nonexistent"], "not a peft adapter directory"),
+        # the tiny model ties lm_head to the embedding: an adapter there needs a matrix the model does not have
+        ([LORA, "actor_rollout_ref.model.target_modules=[q_proj,lm_head]"], r"adapter on lm_head, whose weight is"),
+        # an embedding's adapter (peft's lora_embedding_A/B) is not merged into the rollout's weights
+        ([LORA, "actor_rollout_ref.model.target_modules=[embed_tokens]"], r"on model.embed_tokens, a Embedding"),
     ],
 )
 def test_bad_lora_settings_fail_at_start_up_naming_the_key(overrides, match):
@@ -38,6 +44,16 @@ def test_an_adapter_path_alone_turns_lora_on_with_the_adapters_own_rank(tmp_path
         compose_ppo_config(
             [f"actor_rollout_ref.model.lora_adapter_path={tmp_path}", "actor_rollout_ref.actor.strategy=megatron"]
         )
+
+
+@pytest.mark.parametrize(
+    ("saved", "match"),
+    [({"use_dora": True}, "use_dora=True means DoRA"), ({"modules_to_save": ["lm_head"]}, "modules_to_save")],
+)
+def test_a_saved_adapter_the_rollout_cannot_merge_is_refused_at_start_up(tmp_path, saved, match):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, **saved}))
+    with pytest.raises(ValueError, match=match):
+        compose_ppo_config([f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"])
 
 
 MEGATRON = ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu"]

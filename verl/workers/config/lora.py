@@ -10,6 +10,7 @@ start-up naming the key, not inside a Ray worker (see :mod:`verl.utils.lora`).
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,31 @@ def check_lora_fields(model: Any) -> None:
             f"={path!r} is not a peft adapter directory (no adapter_config.json there); point it at a directory "
             "written by peft's save_pretrained, e.g. a checkpoint's actor/lora_adapter.",
         )
+    if path:
+        _check_saved_adapter(Path(path) / "adapter_config.json")
+
+
+# Options of a saved peft adapter whose weights the merge for the rollout and the export cannot give (see
+# verl.utils.lora._check_mergeable, which checks the loaded adapter again, layer by layer).
+_UNMERGEABLE_ADAPTER_OPTIONS = {
+    "use_dora": "DoRA (its magnitude vector rescales the merged weight)",
+    "modules_to_save": "whole trained copies of layers (modules_to_save)",
+    "lora_bias": "adapter biases (lora_bias)",
+}
+
+
+def _check_saved_adapter(config_file: Path) -> None:
+    try:
+        saved = json.loads(config_file.read_text())
+    except (OSError, ValueError) as err:
+        raise FieldError("lora_adapter_path", f": {config_file} cannot be read as JSON ({err}).") from None
+    for option, what in _UNMERGEABLE_ADAPTER_OPTIONS.items():
+        if saved.get(option):
+            raise FieldError(
+                "lora_adapter_path",
+                f": the adapter's {option}={saved[option]!r} means {what}, which is not merged into the weights the "
+                "rollout samples with here; use a plain LoRA adapter.",
+            )
 
 
 def check_lora(config: Any) -> None:
