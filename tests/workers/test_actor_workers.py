@@ -200,3 +200,25 @@ def test_the_passes_that_do_not_train_run_without_dropout_and_leave_the_actor_tr
     ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
     assert torch.equal(ref, first)  # before any update the reference is the actor
     assert worker.actor.model_module().training
+
+
+def test_the_critics_values_run_without_dropout_and_leave_it_training():
+    # as the actor's passes above: the values GAE reads are the critic's in eval mode, equal from pass to pass
+    from verl.trainer.data_setup import build_data
+
+    actor = worker_classes("dp")[0](compose_ppo_config(["actor_rollout_ref.actor.strategy=dp"]), total_training_steps=4)
+    actor.init_model()
+    samples = actor.generate_sequences(next(build_data(actor.config, 1).train_loader))
+    config = compose_ppo_config(
+        [
+            "algorithm.adv_estimator=gae",
+            "actor_rollout_ref.actor.strategy=dp",
+            "actor_rollout_ref.actor.dtype=float32",
+            "+critic.model.override_config.attention_dropout=0.5",
+        ]
+    )
+    critic = worker_classes("dp")[1](config, total_training_steps=4)
+    critic.init_model()
+    first = critic.compute_values(samples).batch["values"]
+    assert torch.equal(first, critic.compute_values(samples).batch["values"])
+    assert critic.critic.model_module().training
