@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from verl.workers.config.schema import BaseConfig, FieldError, check_int
+from verl.workers.config.schema import BaseConfig, FieldError, check_int, join_key
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +223,6 @@ class MegatronConfig(BaseConfig):
                 "megatron-core distributed checkpoint (python -m verl.models.mcore.dist_checkpoint converts a "
                 "Hugging Face model into one), or set use_dist_checkpointing=false.",
             )
-        self._check_passthroughs()
 
     def _check_layout(self) -> None:
         if self.expert_model_parallel_size > 1:
@@ -254,6 +253,19 @@ class MegatronConfig(BaseConfig):
                 f"={vpp}: the interleaved pipeline schedule (several model chunks per pipeline rank) is not built "
                 "here; each pipeline rank holds one chunk. Set it to null.",
             )
+
+    def check_passthroughs(self, key: str) -> None:
+        """Check the pass-through dictionaries' keys against megatron-core's dataclasses (importing megatron-core):
+        for the sections a megatron role reads only (:func:`check_megatron_sections`), so that a run on another
+        backend neither needs megatron-core nor pays for its import. ``key`` is the section's, for messages.
+
+        Raises:
+            ValueError: as :func:`check_passthrough_keys`, naming the full key.
+        """
+        try:
+            self._check_passthroughs()
+        except FieldError as err:
+            raise ValueError(join_key(f"{key}.{err.field}", err.detail)) from None
 
     def _check_passthroughs(self) -> None:
         transformer = check_passthrough_keys(
@@ -531,6 +543,7 @@ def check_megatron_sections(config: Any) -> None:
             "'megatron-core>=0.16,<0.17' (or choose strategy=fsdp2 / dp)."
         )
     for megatron, key, optim, trainable, has_path in sections:
+        megatron.check_passthroughs(f"{key}.megatron")
         uses_megatron = None
         if device is not None:
             megatron.check_device(device, f"{key}.megatron", trainable=trainable)
