@@ -1,5 +1,7 @@
-"""``main_ppo`` with the megatron actor (and, for PPO, the critic) split over 2 tensor-parallel CPU ranks (gloo): one
-data-parallel rank whose two ranks share every batch, checkpoint shards per rank, and a resume from them."""
+"""``main_ppo`` with the megatron actor and critic split over 2 CPU ranks (gloo), in tensor-parallel halves or in two
+pipeline stages: one data-parallel rank whose two ranks share every batch, checkpoint shards per rank, and a resume
+from them. Each run holds every role the split must carry (the PPO critic, a LoRA critic, the frozen reference), so
+that one pair of runs per split covers them all."""
 
 import re
 
@@ -23,28 +25,6 @@ TP2 = [
 ]
 
 
-def test_tensor_parallel_run_trains_saves_shards_and_resumes(tmp_path):
-    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *TP2)
-    assert first.returncode == 0, first.stderr[-4000:]
-    records = train_records(out_dir)
-    assert [r["step"] for r in records] == [1, 2]
-    # both ranks reached the same verdicts (one rank's records come back); the scale 1024 lets updates through
-    assert any(r["actor/update_failed"] == 0.0 for r in records)
-    actor_dir = out_dir / "global_step_2" / "actor"
-    shards = [load_file(actor_dir / f"mp_rank_{rank:02d}" / "model.safetensors") for rank in (0, 1)]
-    whole = load_file(actor_dir / "model.safetensors")
-    # vocabulary-parallel embedding: each rank holds half the rows, the gathered weights all of them
-    key = "embedding.word_embeddings.weight"
-    assert shards[0][key].shape[0] * 2 == whole[key].shape[0]
-    assert (shards[0][key] == whole[key][: shards[0][key].shape[0]]).all()
-    assert (actor_dir / "huggingface" / "model.safetensors").is_file()
-
-    second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *TP2)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed from" in second.stderr + second.stdout
-    assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
-
-
 def test_ppo_with_a_tensor_parallel_lora_critic_trains_saves_shards_and_resumes(tmp_path):
     ppo = [o for o in TP2 if not o.startswith("algorithm.adv_estimator")] + [
         "algorithm.adv_estimator=gae",
@@ -58,6 +38,16 @@ def test_ppo_with_a_tensor_parallel_lora_critic_trains_saves_shards_and_resumes(
     assert "tensor parallel over 2 ranks, LoRA rank 4 on 8 layers" in first.stderr
     records = train_records(out_dir)
     assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
+    # both ranks reached the same verdicts (one rank's records come back); the scale 1024 lets updates through
+    assert any(r["actor/update_failed"] == 0.0 for r in records)
+    actor_dir = out_dir / "global_step_2" / "actor"
+    shards = [load_file(actor_dir / f"mp_rank_{rank:02d}" / "model.safetensors") for rank in (0, 1)]
+    whole = load_file(actor_dir / "model.safetensors")
+    # the actor's vocabulary-parallel embedding: each rank holds half the rows, the gathered weights all of them
+    key = "embedding.word_embeddings.weight"
+    assert shards[0][key].shape[0] * 2 == whole[key].shape[0]
+    assert (shards[0][key] == whole[key][: shards[0][key].shape[0]]).all()
+    assert (actor_dir / "huggingface" / "model.safetensors").is_file()
     critic_dir = out_dir / "global_step_2" / "critic"
     shards = [load_file(critic_dir / f"mp_rank_{rank:02d}" / "model.safetensors") for rank in (0, 1)]
     whole = load_file(critic_dir / "model.safetensors")
@@ -75,15 +65,22 @@ def test_ppo_with_a_tensor_parallel_lora_critic_trains_saves_shards_and_resumes(
     assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
 
 
-def test_pipeline_parallel_run_trains_with_a_reference_saves_a_shard_per_stage_and_resumes(tmp_path):
-    pp2 = [o for o in TP2 if "tensor_model_parallel_size" not in o] + [
+def test_ppo_with_actor_reference_and_critic_in_two_stages_saves_a_shard_per_stage_and_resumes(tmp_path):
+    ppo = [o for o in TP2 if "tensor_model_parallel_size" not in o and not o.startswith("algorithm.adv_estimator")]
+    ppo += [
+        "algorithm.adv_estimator=gae",
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
         "actor_rollout_ref.actor.use_kl_loss=true",  # the frozen reference runs in the same two stages
+        "critic.strategy=megatron",
+        "critic.megatron.pipeline_model_parallel_size=2",
     ]
-    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *pp2)
+    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *ppo)
     assert first.returncode == 0, first.stderr[-4000:]
+    for stage in (1, 2):  # the start-up lines of both roles on both ranks
+        assert re.search(rf"MegatronPPOActor \([^)]*pipeline stage {stage} of 2", first.stderr)
+        assert re.search(rf"MegatronPPOCritic \([^)]*pipeline stage {stage} of 2", first.stderr)
     records = train_records(out_dir)
-    assert [r["step"] for r in records] == [1, 2]
+    assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
     # the last stage's records came back: it holds the losses
     assert all("actor/pg_loss" in r and "actor/kl_loss" in r for r in records)
     assert any(r["actor/update_failed"] == 0.0 for r in records)
@@ -95,32 +92,11 @@ def test_pipeline_parallel_run_trains_with_a_reference_saves_a_shard_per_stage_a
     # each stage holds half the layers under its own numbers; the gathered weights all of them
     assert per_stage[0] == per_stage[1] and 2 * len(per_stage[0]) == len(layers)
     assert "embedding.word_embeddings.weight" in stages[0] and "embedding.word_embeddings.weight" not in stages[1]
-
-    second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *pp2)
-    assert second.returncode == 0, second.stderr[-4000:]
-    assert "resumed from" in second.stderr + second.stdout
-    assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
-
-
-def test_ppo_with_actor_and_critic_in_two_stages_trains_and_resumes(tmp_path):
-    ppo = [o for o in TP2 if "tensor_model_parallel_size" not in o and not o.startswith("algorithm.adv_estimator")]
-    ppo += [
-        "algorithm.adv_estimator=gae",
-        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-        "critic.strategy=megatron",
-        "critic.megatron.pipeline_model_parallel_size=2",
-    ]
-    first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *ppo)
-    assert first.returncode == 0, first.stderr[-4000:]
-    for stage in (1, 2):  # the start-up lines of both roles on both ranks
-        assert re.search(rf"MegatronPPOActor \([^)]*pipeline stage {stage} of 2", first.stderr)
-        assert re.search(rf"MegatronPPOCritic \([^)]*pipeline stage {stage} of 2", first.stderr)
-    records = train_records(out_dir)
-    assert [r["step"] for r in records] == [1, 2] and all("critic/vf_loss" in r for r in records)
     critic_dir = out_dir / "global_step_2" / "critic"
     last = load_file(critic_dir / "mp_rank_00_001" / "model.safetensors")
     assert "output_layer.value.weight" in last  # the value head on the last stage
     assert "output_layer.value.weight" not in load_file(critic_dir / "mp_rank_00_000" / "model.safetensors")
     second, _ = run_main(tmp_path, "trainer.total_training_steps=3", *ppo)
     assert second.returncode == 0, second.stderr[-4000:]
+    assert "resumed from" in second.stderr + second.stdout
     assert [r["step"] for r in train_records(out_dir)] == [1, 2, 3]
