@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.rollout_source import ColocatedRollout
 from verl.utils.profiler import RoleProfiler
 from verl.workers.base_worker import ActorRolloutRefWorker
 from verl.workers.config import RolloutConfig, load_section
@@ -49,8 +50,7 @@ def validate_with(val_kwargs: dict):
     trainer = SimpleNamespace(
         config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout_config)),
         val_batches=[make_prompts(PROMPT_ROWS, num_prompt_tokens=4)],
-        actor_wg=group,
-        rollout_wg=None,  # the rollout lives in the actor workers
+        rollout_source=ColocatedRollout(group, train_loader=None),  # the rollout lives in the actor workers
         score=score,
         tokenizer=None,  # no validation samples logged (trainer.log_val_generations)
         tracker=None,
