@@ -167,17 +167,23 @@ def test_override_config_builds_the_actor_and_the_reference_from_the_overridden_
         assert eps == 1e-3, (strategy, eps)
 
 
-def test_the_critic_builds_its_value_model_from_its_own_overridden_config():
+def dp_critic_worker(*overrides: str):
+    """A GAE run's dp critic worker (fp32), built by init_model."""
     config = compose_ppo_config(
         [
             "algorithm.adv_estimator=gae",
             "actor_rollout_ref.actor.strategy=dp",
             "actor_rollout_ref.actor.dtype=float32",
-            "+critic.model.override_config.rms_norm_eps=0.001",
+            *overrides,
         ]
     )
     critic = worker_classes("dp")[1](config, total_training_steps=4)
     critic.init_model()
+    return critic
+
+
+def test_the_critic_builds_its_value_model_from_its_own_overridden_config():
+    critic = dp_critic_worker("+critic.model.override_config.rms_norm_eps=0.001")
     assert critic.critic.model_module().backbone.config.rms_norm_eps == 1e-3
 
 
@@ -209,16 +215,7 @@ def test_the_critics_values_run_without_dropout_and_leave_it_training():
     actor = worker_classes("dp")[0](compose_ppo_config(["actor_rollout_ref.actor.strategy=dp"]), total_training_steps=4)
     actor.init_model()
     samples = actor.generate_sequences(next(build_data(actor.config, 1).train_loader))
-    config = compose_ppo_config(
-        [
-            "algorithm.adv_estimator=gae",
-            "actor_rollout_ref.actor.strategy=dp",
-            "actor_rollout_ref.actor.dtype=float32",
-            "+critic.model.override_config.attention_dropout=0.5",
-        ]
-    )
-    critic = worker_classes("dp")[1](config, total_training_steps=4)
-    critic.init_model()
+    critic = dp_critic_worker("+critic.model.override_config.attention_dropout=0.5")
     first = critic.compute_values(samples).batch["values"]
     assert torch.equal(first, critic.compute_values(samples).batch["values"])
     assert critic.critic.model_module().training
