@@ -200,10 +200,7 @@ class AsyncRollout:
             pending = self.in_flight.popleft().pending
         else:
             pending = self._submit(prompts)
-            # queued behind every batch in flight: each of those gets its own bound first, so that a healthy queue
-            # longer than wait_timeout_s is not taken for a rank that hangs
-            for earlier in self.in_flight:
-                self._wait_for(earlier.pending)
+            self._wait_behind_in_flight()
         self._wait_for(pending)
         generated = pending.get()
         timing["wait_prev_gen"] = timing.get("wait_prev_gen", 0.0) + time.perf_counter() - start
@@ -244,8 +241,7 @@ class AsyncRollout:
         answered: ``val/weight_version`` and ``val/steps_behind`` (the steps since that sync whose applied updates
         the answers lack: 0 when ``trainer.test_freq`` is a multiple of ``trigger_parameter_sync_step``)."""
         pending = self.rollout_wg.submit("generate_sequences", prompts)
-        for earlier in self.in_flight:
-            self._wait_for(earlier.pending)
+        self._wait_behind_in_flight()
         self._wait_for(pending)
         behind = self.steps_since_sync if self.applied_since_sync else 0
         return pending.get(), {"val/weight_version": float(self.version), "val/steps_behind": float(behind)}
@@ -340,6 +336,12 @@ class AsyncRollout:
         if resume_at is not None:
             self.train_loader.load_state_dict(resume_at)
         self.in_flight.append(_InFlight(prompts, self._submit(prompts), before))
+
+    def _wait_behind_in_flight(self) -> None:
+        """For a call queued behind every batch in flight: wait for each of those within its own bound first, so
+        that a healthy queue longer than ``wait_timeout_s`` is not taken for a rank that hangs."""
+        for earlier in self.in_flight:
+            self._wait_for(earlier.pending)
 
     def _wait_for(self, pending) -> None:
         """Wait up to ``wait_timeout_s`` for a generation call; past it, stop the run naming the late rank."""
