@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.trainer.verl_scripts.harness import load_scripts, start_up_check, write_inputs
+from tests.trainer.verl_scripts.harness import load_scripts, start_up_outcomes, write_inputs
 
 MIN_PASSING = 55
 # On a GPU machine (trainer.device=cuda) the CUDA-only features start too: every refusal left is out of scope or the
@@ -35,14 +35,12 @@ BROKEN_IN_VERL = {
 PENDING: dict[str, str] = {}
 
 
-def _outcomes(inputs, extra=()):
-    results = {}
+def _outcomes(inputs):
+    """{"cpu": {script: refusal or None}, "cuda": {...}}: each script composed once, checked for both devices."""
+    results = {"cpu": {}, "cuda": {}}
     for script in load_scripts():
-        try:
-            start_up_check(script, inputs, extra)
-            results[script.name] = None
-        except ValueError as err:
-            results[script.name] = str(err)
+        for device, message in start_up_outcomes(script, inputs, ("cpu", "cuda")).items():
+            results[device][script.name] = message
     return results
 
 
@@ -60,35 +58,18 @@ def _unexplained(outcomes, allowed):
     return bad
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    return write_inputs(tmp_path_factory.mktemp("verl_scripts"))
-
-
-@pytest.fixture(scope="module")
-def outcomes(inputs):
-    return _outcomes(inputs)
-
-
-@pytest.fixture(scope="module")
-def outcomes_on_cuda(inputs):
-    return _outcomes(inputs, ("trainer.device=cuda",))
-
-
+# One test for both devices: each script is composed once (Hydra's compose is most of the check's time), and a
+# fixture shared by several tests would be built again on every pytest-xdist worker that runs one of them.
 @pytest.mark.slow
-def test_every_script_starts_or_is_refused_by_an_out_of_scope_feature(outcomes):
-    assert len(outcomes) == 74
-    assert _unexplained(outcomes, [*OUT_OF_SCOPE.values(), NEEDS_CUDA]) == {}
-
-
-@pytest.mark.slow
-def test_at_least_min_passing_scripts_start(outcomes):
-    num_passing = sum(message is None for message in outcomes.values())
-    assert num_passing >= MIN_PASSING, {k: v for k, v in outcomes.items() if v is not None}
-
-
-@pytest.mark.slow
-def test_on_a_gpu_machine_only_out_of_scope_features_are_refused(outcomes_on_cuda):
-    assert _unexplained(outcomes_on_cuda, list(OUT_OF_SCOPE.values())) == {}
-    num_passing = sum(message is None for message in outcomes_on_cuda.values())
-    assert num_passing >= MIN_PASSING_ON_CUDA, {k: v for k, v in outcomes_on_cuda.items() if v is not None}
+def test_every_script_starts_or_is_refused_by_an_out_of_scope_feature_here_and_on_a_gpu_machine(tmp_path):
+    outcomes = _outcomes(write_inputs(tmp_path))
+    here, on_cuda = outcomes["cpu"], outcomes["cuda"]
+    assert len(here) == len(on_cuda) == 74
+    # here (trainer.device=cpu): a refusal names an out-of-scope feature, or a CUDA-only one
+    assert _unexplained(here, [*OUT_OF_SCOPE.values(), NEEDS_CUDA]) == {}
+    num_passing = sum(message is None for message in here.values())
+    assert num_passing >= MIN_PASSING, {k: v for k, v in here.items() if v is not None}
+    # on a GPU machine (trainer.device=cuda) only out-of-scope features are refused
+    assert _unexplained(on_cuda, list(OUT_OF_SCOPE.values())) == {}
+    num_passing = sum(message is None for message in on_cuda.values())
+    assert num_passing >= MIN_PASSING_ON_CUDA, {k: v for k, v in on_cuda.items() if v is not None}

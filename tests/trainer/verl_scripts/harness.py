@@ -204,6 +204,34 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
     return tuple(out)
 
 
+def start_up_outcomes(script: Script, inputs: dict[str, str], devices: tuple[str, ...]) -> dict[str, str | None]:
+    """:func:`start_up_check` with ``trainer.device`` set to each of ``devices``, the command line composed once
+    (the part of the check that costs most): {device: None when the script starts there, else the refusal}.
+
+    Raises:
+        Exception: anything but a refusal (``ValueError``) the start-up raised (a bug to report).
+    """
+    from omegaconf import OmegaConf
+
+    from verl.trainer.main_ppo import CONFIG_DIR, parse_command_line, prepare
+    from verl.workers.config.loading import ComposedConfig
+
+    try:
+        composed = parse_command_line(script.argv(normalise(script.overrides, inputs)), CONFIG_DIR, "ppo_trainer")
+    except ValueError as err:
+        return dict.fromkeys(devices, str(err))
+    outcomes: dict[str, str | None] = {}
+    for device in devices:
+        config = composed.config.copy()
+        OmegaConf.update(config, "trainer.device", device)  # what the override trainer.device=<device> sets
+        try:
+            prepare(ComposedConfig(config=config, defaults=composed.defaults))
+            outcomes[device] = None
+        except ValueError as err:
+            outcomes[device] = str(err)
+    return outcomes
+
+
 def start_up_check(script: Script, inputs: dict[str, str], extra: tuple[str, ...] = ()) -> None:
     """What ``python -m verl.trainer.main_ppo`` checks before Ray starts, for the normalised script.
 
