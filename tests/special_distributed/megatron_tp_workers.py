@@ -7,6 +7,7 @@ tensor-parallel group share their data.
 
 import functools
 import os
+import time
 import traceback
 
 import torch
@@ -202,6 +203,57 @@ def nan_on_one_rank(rank: int, world_size: int, port: int, tp: int, result_queue
     except Exception:
         error = traceback.format_exc()
     result_queue.put((rank, seen, weights, error))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@_rank_process
+def nonfinite_inputs(rank: int, layout) -> dict:
+    """NaN advantages on 2 tokens of the rows both ranks of one model-parallel group take: the failure each rank
+    reports (fp16_warn_and_count stops at once on it) and the loss scale after it."""
+    from tests.workers.actor.conftest import ppo_batch, tiny_qwen2
+    from verl.workers.update_outcome import UpdateFailedError
+
+    actor = _actor(layout, rank, tiny_qwen2(seed=0), dtype="float16", optim={"initial_loss_scale": 1024.0})
+    batch = ppo_batch(seed=0)
+    batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
+    batch.batch["advantages"][3, :2] = float("nan")
+    try:
+        actor.update_policy(batch)
+    except UpdateFailedError as err:
+        return {
+            "cause": str(err.outcome.cause),
+            "inputs": err.outcome.nonfinite_inputs,
+            "scale": err.outcome.loss_scale,
+        }
+    return {"cause": None}
+
+
+def a_peer_that_never_joins(rank: int, world_size: int, port: int, timeout_s: float, result_queue) -> None:
+    """Tensor parallel over 2 ranks with ``VERL_COLLECTIVE_TIMEOUT_S=timeout_s`` (the worker group sets it from
+    ``trainer.collective_timeout_s``): rank 0 all-reduces on the tensor-parallel group, rank 1 never joins it. Rank
+    0 reports whether its wait ended in the timeout the trainer recognises (``is_collective_timeout``)."""
+    result, error = {}, None
+    try:
+        os.environ["VERL_COLLECTIVE_TIMEOUT_S"] = str(timeout_s)
+        _init(rank, world_size, port, 2)
+        from megatron.core import parallel_state
+
+        from verl.single_controller.worker import is_collective_timeout
+
+        dist.barrier()  # the world group's default timeout (30 minutes): both ranks are past their start-up here
+        if rank == 0:
+            try:
+                dist.all_reduce(torch.ones(1), group=parallel_state.get_tensor_model_parallel_group())
+                result = {"timed_out": False}
+            except RuntimeError as err:
+                result = {"timed_out": is_collective_timeout(err), "error": str(err).splitlines()[0]}
+        else:
+            time.sleep(2 * timeout_s)  # hung, as long as rank 0 would wait with the timeout applied, twice
+        dist.barrier()
+    except Exception:
+        error = traceback.format_exc()
+    result_queue.put((rank, result, error))
     if dist.is_initialized():
         dist.destroy_process_group()
 

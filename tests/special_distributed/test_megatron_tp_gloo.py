@@ -15,11 +15,13 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.special_distributed.megatron_tp_workers import (
+    a_peer_that_never_joins,
     critic_update,
     dist_checkpoint_layouts,
     fused_update,
     lora_update,
     nan_on_one_rank,
+    nonfinite_inputs,
     sequence_parallel_step,
     update_and_checkpoint,
 )
@@ -44,12 +46,17 @@ def run_ranks(target, world_size: int, *args) -> dict:
     for proc in procs:
         proc.start()
     reports = {}
-    for _ in procs:
-        report = queue.get(timeout=TIMEOUT_S)  # a hang fails here instead of blocking
-        reports[report[0]] = report[1:]
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    try:
+        for _ in procs:
+            report = queue.get(timeout=TIMEOUT_S)  # a hang fails here instead of blocking
+            reports[report[0]] = report[1:]
+        for proc in procs:
+            proc.join(timeout=60)
+            assert proc.exitcode == 0
+    finally:  # a hung rank must not outlive the test (pytest would wait for it at exit)
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
     for rank, report in reports.items():
         assert report[-1] is None, f"rank {rank}:\n{report[-1]}"
     return reports
@@ -125,6 +132,22 @@ def test_nan_on_one_tp_rank_makes_both_ranks_skip():
         assert seen == [(1, 0.0), (2, 1.0), (3, 0.0)], (rank, seen)
         before, after = weights
         assert before == after, f"rank {rank} changed its weights in a skipped update"
+
+
+def test_nonfinite_inputs_are_counted_once_per_row_not_once_per_tensor_parallel_rank():
+    # both ranks take the same 8 rows; row 3's advantages are NaN on 2 tokens: 2 bad tokens, not 2 x 2 ranks, on
+    # every rank (dp and fsdp2 sum rows of their own); the loss scale does not back off for a bad input
+    reports = run_ranks(nonfinite_inputs, 2, 2)
+    for rank in (0, 1):
+        report = reports[rank][0]
+        assert report == {"cause": "nonfinite_inputs", "inputs": {"advantages": 2}, "scale": 1024.0}, (rank, report)
+
+
+def test_a_tensor_parallel_collective_waits_the_workers_collective_timeout_not_megatrons_30_minutes():
+    # megatron-core builds its groups with a 30-minute timeout of its own unless told; with the worker's timeout
+    # (3 s here) rank 0's all-reduce raises a timeout the trainer names the hung rank from, within this test's wait
+    reports = run_ranks(a_peer_that_never_joins, 2, 3.0)
+    assert reports[0][0]["timed_out"] is True, reports[0][0]
 
 
 def test_tp2_fused_kernels_equal_the_plain_tp1_run(runs):

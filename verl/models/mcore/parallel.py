@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -26,12 +27,18 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _init_single_process_group(backend: str | None) -> None:
+def _init_single_process_group(backend: str | None, timeout_s: float) -> None:
     """Start a world-size-1 process group, so that megatron's group bookkeeping has something to split."""
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     port = _free_port()
-    dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=timeout_s),
+    )
     logger.info("initialised a single-process %s group on port %d for megatron-core", backend, port)
 
 
@@ -44,7 +51,9 @@ def _groups_are_live() -> bool:
     return True
 
 
-def ensure_model_parallel_initialized(tp: int = 1, pp: int = 1, backend: str | None = None) -> None:
+def ensure_model_parallel_initialized(
+    tp: int = 1, pp: int = 1, backend: str | None = None, timeout_s: float | None = None
+) -> None:
     """Make sure torch.distributed and megatron-core's model-parallel groups exist; idempotent.
 
     If ``torch.distributed`` is not initialised, a single-process group is created (gloo on CPU, nccl when CUDA is
@@ -56,15 +65,27 @@ def ensure_model_parallel_initialized(tp: int = 1, pp: int = 1, backend: str | N
         tp: tensor-model-parallel size.
         pp: pipeline-model-parallel size.
         backend: torch.distributed backend for a group this function creates; ignored if one already exists.
+        timeout_s: how long a collective of megatron-core's groups (tensor-parallel, pipeline, data-parallel, and
+            the single-process group this function may create) waits before it raises; None: the worker's
+            collective timeout (``VERL_COLLECTIVE_TIMEOUT_S``, which the worker group sets from
+            ``trainer.collective_timeout_s``, else its default). megatron-core's own default is 30 minutes
+            whatever the default group's timeout is, so a rank hung in a tensor-parallel all-reduce or a pipeline
+            send would be reported half an hour late.
 
     Raises:
         ValueError: sizes that are not positive, that do not divide the world size, or that differ from those of
-            an already initialised megatron-core.
+            an already initialised megatron-core; a timeout that is not a number of seconds > 0.
     """
     if tp < 1 or pp < 1:
         raise ValueError(f"tensor/pipeline parallel sizes must be >= 1, got tp={tp}, pp={pp}")
+    if timeout_s is None:
+        from verl.single_controller.worker import collective_timeout_s
+
+        timeout_s = collective_timeout_s()
+    if not timeout_s > 0:  # NaN fails too
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
     if not dist.is_initialized():
-        _init_single_process_group(backend)
+        _init_single_process_group(backend, timeout_s)
     world_size = dist.get_world_size()
     if parallel_state.model_parallel_is_initialized() and not _groups_are_live():
         # megatron-core's groups outlived the process group they were split from (it was destroyed and made again,
@@ -86,7 +107,11 @@ def ensure_model_parallel_initialized(tp: int = 1, pp: int = 1, backend: str | N
             f"world size {world_size} is not divisible by tp * pp = {tp} * {pp}; choose sizes whose product "
             "divides the number of ranks"
         )
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        distributed_timeout_minutes=timeout_s / 60,  # a timedelta of minutes, which takes a fraction
+    )
     logger.info(
         "megatron-core model parallel initialised: tp=%d pp=%d dp=%d",
         tp,

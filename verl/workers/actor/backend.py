@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, load_state, load_weights, save_state, save_weights
@@ -55,6 +56,11 @@ class TrainingBackend(ABC):
         """The ranks that must run as many forward passes as this one (their every forward pass is a collective),
         or None; passes over micro-batches agree on the count over them (:func:`~verl.utils.micro_batching.
         split_by_length`)."""
+
+    @abstractmethod
+    def holds_a_copy_of_rows(self) -> bool:
+        """Whether this rank's rows are a copy of another rank's (a tensor-parallel rank or a later pipeline stage
+        takes its data-parallel slot's rows): a count summed over the ranks leaves it out, to count each row once."""
 
     @abstractmethod
     def backward_mini_batch(self, loop: UpdateLoop, mini: DataProto, temperature: float | None) -> list[dict]:
@@ -197,6 +203,9 @@ class DPBackend(TrainingBackend):
     def lockstep(self):
         return None  # a replica per rank: the gradients are averaged once, in the step
 
+    def holds_a_copy_of_rows(self):
+        return False
+
     def backward_mini_batch(self, loop, mini, temperature):
         return accumulate_micro_batches(loop, mini, temperature)
 
@@ -243,6 +252,9 @@ class FSDPBackend(TrainingBackend):
         if self.mesh.size() == 1:
             return None
         return LockstepGroup(self.mesh.get_group(), self.mesh.device_type)
+
+    def holds_a_copy_of_rows(self):
+        return False  # each rank of the mesh takes rows of its own
 
     def backward_mini_batch(self, loop, mini, temperature):
         return accumulate_micro_batches(loop, mini, temperature)
@@ -357,6 +369,14 @@ class MegatronBackend(TrainingBackend):
         # tensor-parallel ranks and pipeline stages take the same rows, hence the same micro-batches; data-parallel
         # replicas reduce their gradients once per step
         return None
+
+    def holds_a_copy_of_rows(self):
+        if not self.split_over_ranks():
+            return False
+        from megatron.core import parallel_state
+
+        # the ranks of one model-parallel group take the same rows; its first rank counts them
+        return dist.get_rank(group=parallel_state.get_model_parallel_group()) != 0
 
     def backward_mini_batch(self, loop, mini, temperature):
         if self.use_megatron_schedule:

@@ -246,7 +246,10 @@ class UpdateLoop(ABC):
         keys = [key for key in LOSS_INPUT_KEYS if key in data.batch.keys()]
         if not keys:
             return {}
-        counts = dict(zip(keys, (int(c) for c in sum_over_ranks(count_nonfinite_inputs(data, keys)).tolist())))
+        local = count_nonfinite_inputs(data, keys)
+        if self.backend.holds_a_copy_of_rows():
+            local = torch.zeros_like(local)  # the same rows are counted on the rank they are copied from
+        counts = dict(zip(keys, (int(c) for c in sum_over_ranks(local).tolist())))
         if not any(counts[key] for key in keys if key in read_keys):
             return {}  # e.g. NaN rewards whose advantages came out finite (a filtered group): the update is sound
         return {key: count for key, count in counts.items() if count}
