@@ -215,7 +215,9 @@ def test_a_workers_exception_is_logged_with_the_workers_traceback(capfd, monkeyp
         raise err
 
     monkeypatch.setattr(main_ppo, "run", failing_run)
-    with pytest.raises(RuntimeError, match="assign a gradient"):
+    with pytest.raises(SystemExit) as info:
         main_ppo.cli([])
+    assert info.value.code == main_ppo.EXIT_UNEXPECTED_ERROR
     logged = capfd.readouterr().err  # the command line's own log handler writes to stderr
     assert "rank 3 raised RuntimeError; its traceback:" in logged and "accumulate_micro_batches" in logged
+    assert "Stopped by an unexpected error (exit code 8): attempting to assign a gradient" in logged

@@ -14,7 +14,7 @@ import pytest
 from tests.trainer.test_main_ppo import write_checkpoint
 from verl.single_controller import CollectiveTimeoutError
 from verl.trainer import main_ppo
-from verl.trainer.preemption import Preempted, StopSignals
+from verl.trainer.preemption import Preempted, StopAtOnce, StopSignals
 from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
 from verl.workers.config import PPOConfig, compose_omegaconf
 
@@ -73,8 +73,23 @@ def test_exit_codes_are_distinct():
         main_ppo.EXIT_PREEMPTED,
         main_ppo.EXIT_STOPPED_AT_ONCE,
         main_ppo.EXIT_CHECKPOINT_WRITE_FAILED,
+        main_ppo.EXIT_UNEXPECTED_ERROR,
     ]
-    assert codes == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert codes == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_an_unexpected_error_exits_8_with_its_traceback_not_the_policys_1(tmp_path, monkeypatch, caplog):
+    def crash(config):
+        raise ZeroDivisionError("a bug in a reward function")
+
+    monkeypatch.setattr(main_ppo, "run", crash)
+    monkeypatch.setattr(main_ppo, "setup_logging", lambda: None)
+    with caplog.at_level(logging.ERROR, logger="verl.trainer"), pytest.raises(SystemExit) as info:
+        main_ppo.cli([f"trainer.default_local_dir={tmp_path}"])
+    assert info.value.code == main_ppo.EXIT_UNEXPECTED_ERROR
+    record = caplog.records[-1]
+    assert record.getMessage() == "Stopped by an unexpected error (exit code 8): a bug in a reward function"
+    assert record.exc_info[0] is ZeroDivisionError  # the traceback goes with it
 
 
 def test_a_stop_signal_answered_exits_5_naming_the_checkpoint_and_the_handlers_outlive_ray_init(
@@ -99,6 +114,67 @@ def test_a_second_signal_exits_6_naming_the_last_complete_checkpoint(tmp_path, m
     code, _, lines, _ = train(monkeypatch, typed(tmp_path), [second_signal], caplog)
     assert code == main_ppo.EXIT_STOPPED_AT_ONCE
     assert f"Stopped at once on a second SIGINT, without saving. Last complete checkpoint: {latest}; run the" in lines
+
+
+def test_a_second_signal_while_a_restart_is_prepared_exits_6(tmp_path, monkeypatch, caplog):
+    latest = write_checkpoint(tmp_path / "out", 3)
+    seen = {}
+
+    def hang(attempts):
+        seen["signals"] = attempts.stop_signals
+        return _hang()
+
+    def second_signal_meanwhile(config, last_good):  # the restart rule chooses where to resume: a second Ctrl-C
+        seen["signals"].requested, seen["signals"].stopped_at_once = "SIGINT", "SIGINT"
+        raise StopAtOnce()
+
+    monkeypatch.setattr(main_ppo, "checkpoint_after_death", second_signal_meanwhile)
+    try:
+        code, attempts, lines, _ = train(monkeypatch, typed(tmp_path, "trainer.max_restarts=1"), [hang], caplog)
+    except KeyboardInterrupt:
+        pytest.fail("the second signal escaped the restart rule as a KeyboardInterrupt (exit 130, no message)")
+    assert (code, attempts.restarts) == (main_ppo.EXIT_STOPPED_AT_ONCE, 1)
+    assert f"Stopped at once on a second SIGINT, without saving. Last complete checkpoint: {latest}; run the" in lines
+
+
+def test_a_second_signal_during_the_teardown_keeps_the_code_and_the_handlers_are_put_back(
+    tmp_path, monkeypatch, caplog
+):
+    config = typed(tmp_path)
+    handlers_in_teardown = []
+
+    def preempted(typed_config, data, num_steps, tracker, attempts):
+        attempts.stop_signals.install()
+        attempts.stop_signals.requested = "SIGTERM"
+        return main_ppo.EXIT_PREEMPTED  # step saved, workers stopped
+
+    def teardown(typed_config, tracker, trainer):  # closing the tracker, drawing the plot: a second signal
+        handlers_in_teardown.append(signal.getsignal(signal.SIGINT))
+        raise StopAtOnce()
+
+    monkeypatch.setattr(main_ppo, "prepare", lambda c: (config, None, 6, None))
+    monkeypatch.setattr("verl.utils.tracking.Tracking", lambda *args, **kwargs: None)
+    monkeypatch.setattr(main_ppo, "_train", preempted)
+    monkeypatch.setattr(main_ppo, "_teardown", teardown)
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with caplog.at_level(logging.WARNING, logger="verl.trainer"):
+            code = main_ppo.run(config)
+    except KeyboardInterrupt:
+        pytest.fail("the second signal escaped the teardown as a KeyboardInterrupt (exit 130 instead of 5)")
+    # the checkpoint was saved: the code stays 5; the teardown ran under the stop handlers, put back after it
+    assert code == main_ppo.EXIT_PREEMPTED
+    assert handlers_in_teardown[0] is not before and signal.getsignal(signal.SIGINT) is before
+    assert "A second stop signal cut the teardown short" in caplog.text
+
+
+def test_under_another_resume_mode_the_message_names_the_checkpoint_to_resume_from(tmp_path, monkeypatch, caplog):
+    # auto would take the newest complete checkpoint in the directory, which may be another run's later one
+    saved = tmp_path / "out" / "global_step_4"
+    config = typed(tmp_path, "trainer.resume_mode=disable")
+    code, _, lines, _ = train(monkeypatch, config, [Preempted("SIGTERM", 4, saved)], caplog)
+    assert code == main_ppo.EXIT_PREEMPTED
+    assert f"resume from it with trainer.resume_mode=resume_path trainer.resume_from_path={saved}." in lines
 
 
 def test_a_keyboard_interrupt_that_is_not_a_second_signal_propagates(tmp_path, monkeypatch, caplog):

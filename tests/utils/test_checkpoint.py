@@ -312,6 +312,22 @@ def test_remove_save_debris_restores_a_checkpoint_moved_aside_by_an_interrupted_
     assert find_latest_checkpoint(tmp_path) == tmp_path / "global_step_3"
 
 
+def test_debris_that_cannot_be_removed_is_left_with_a_warning(tmp_path, monkeypatch, caplog):
+    # a killed rank's write still landing (rmtree's ENOTEMPTY on a network filesystem): the run goes on, the debris is
+    # never a candidate, and the next start tries again
+    (tmp_path / ".global_step_5.tmp-k2j3" / "actor").mkdir(parents=True)
+    _write_checkpoint(tmp_path / "global_step_3")
+
+    def busy(path, *args, **kwargs):
+        raise OSError(39, "Directory not empty", str(path))
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", busy)
+    with caplog.at_level(logging.WARNING, logger="verl.utils.checkpoint"):
+        assert remove_save_debris(tmp_path) == []
+    assert f"could not remove {tmp_path / '.global_step_5.tmp-k2j3'} ([Errno 39] Directory not empty)" in caplog.text
+    assert find_latest_checkpoint(tmp_path) == tmp_path / "global_step_3"
+
+
 def test_symlink_named_like_debris_is_not_followed(tmp_path):
     target = tmp_path / "precious"
     target.mkdir()

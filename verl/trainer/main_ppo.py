@@ -47,7 +47,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from verl.trainer.preemption import Preempted, StopSignals
+from verl.trainer.preemption import Preempted, StopAtOnce, StopSignals
 from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names since before the split)
     build_worker_groups,
     cpus_per_worker,
@@ -67,6 +67,9 @@ EXIT_WORKER_DIED = 4
 EXIT_PREEMPTED = 5  # SIGTERM / SIGINT: the step finished and was saved; the same command resumes
 EXIT_STOPPED_AT_ONCE = 6  # a second signal: stopped without saving
 EXIT_CHECKPOINT_WRITE_FAILED = 7  # disk full, read-only directory, ...: the previous checkpoint is intact
+# anything else raised (a bug, or an error in user code: a reward function, a handler), its traceback logged; not
+# Python's 1, which would read as the update-failure policy's stop
+EXIT_UNEXPECTED_ERROR = 8
 
 
 def setup_logging() -> None:
@@ -280,14 +283,19 @@ def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
     try:
         return _train(typed, data, num_steps, tracker, attempts)
     finally:
-        attempts.stop_signals.restore()
-        _teardown(typed, tracker, attempts.trainer)
+        try:  # still under the stop handlers: a second signal here cuts the teardown short, not the exit code
+            _teardown(typed, tracker, attempts.trainer)
+        except StopAtOnce:
+            logger.warning(
+                "A second stop signal cut the teardown short: the tracker may not have flushed its last "
+                "lines, and the training plot is not drawn."
+            )
+        finally:
+            attempts.stop_signals.restore()
 
 
 def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> int:
     """Start Ray, then attempt until one finishes or the restart rule gives up; returns the exit code."""
-    from verl.single_controller import PlacementError, WorkerDiedError
-
     signals = attempts.stop_signals
     try:
         start_ray(typed)
@@ -296,6 +304,22 @@ def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts)
         return EXIT_BAD_CONFIG
     if signals is not None:
         signals.install()  # after ray.init, which installs its own SIGTERM handler in the driver
+    try:
+        return _attempt_until_done(typed, data, num_steps, tracker, attempts)
+    except KeyboardInterrupt:  # in an attempt or in the restart rule between two
+        if signals is None or signals.stopped_at_once is None:
+            raise
+        return _stopped_at_once(signals.stopped_at_once, typed, attempts)
+
+
+def _attempt_until_done(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> int:
+    """Attempt until one finishes or the restart rule gives up; returns the exit code.
+
+    Raises:
+        KeyboardInterrupt: a second stop signal (or a Ctrl-C before the handlers were installed).
+    """
+    from verl.single_controller import PlacementError, WorkerDiedError
+
     fresh_loader_state = data.train_loader.state_dict()  # a restart with no checkpoint starts the data over
     while True:
         try:
@@ -311,10 +335,6 @@ def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts)
             return _policy_stopped(err, attempts.trainer)
         except Preempted as stop:
             return _preempted(stop, typed)
-        except KeyboardInterrupt:
-            if signals is None or signals.stopped_at_once is None:
-                raise
-            return _stopped_at_once(signals.stopped_at_once, typed, attempts)
         except CheckpointWriteError as err:
             return _save_failed(err, typed, attempts)
         except CheckpointError as err:  # a worker found the checkpoint damaged while loading it
@@ -432,7 +452,7 @@ def _policy_stopped(err: UpdateFailedError, trainer) -> int:
 def _preempted(stop: Preempted, typed: PPOConfig) -> int:
     """The exit code after a stop signal was answered, with where the next run resumes."""
     if stop.checkpoint is not None:
-        where = f"checkpoint {stop.checkpoint}; {_how_to_resume(typed)}"
+        where = f"checkpoint {stop.checkpoint}; {_how_to_resume(typed, stop.checkpoint)}"
     else:
         where = "no checkpoint (no step had finished); the same command starts from the beginning"
     logger.warning("Stopped on %s after step %d, the workers shut down: %s.", stop.signal_name, stop.step, where)
@@ -445,7 +465,7 @@ def _stopped_at_once(signal_name: str, typed: PPOConfig, attempts: _Attempts) ->
     logger.error(
         "Stopped at once on a second %s, without saving. Last complete checkpoint: %s.",
         signal_name,
-        f"{latest}; {_how_to_resume(typed)}" if latest is not None else "none",
+        f"{latest}; {_how_to_resume(typed, latest)}" if latest is not None else "none",
     )
     return EXIT_STOPPED_AT_ONCE
 
@@ -459,7 +479,7 @@ def _save_failed(err: CheckpointWriteError, typed: PPOConfig, attempts: _Attempt
         f"checkpoint {err.checkpoint}" if err.checkpoint is not None else "a checkpoint",
         err.path,
         err.reason,
-        f"{latest} (intact; {_how_to_resume(typed)})" if latest is not None else "none",
+        f"{latest} (intact; {_how_to_resume(typed, latest)})" if latest is not None else "none",
         typed.trainer.default_local_dir,
     )
     return EXIT_CHECKPOINT_WRITE_FAILED
@@ -476,11 +496,12 @@ def _restart_point(typed: PPOConfig, attempts: _Attempts) -> Path | None:
     return (trainer.last_checkpoint if trainer is not None else None) or attempts.last_good
 
 
-def _how_to_resume(typed: PPOConfig) -> str:
-    mode = typed.trainer.resume_mode
-    if mode == "auto":
+def _how_to_resume(typed: PPOConfig, checkpoint: Path) -> str:
+    """How to resume from ``checkpoint``: under ``auto`` the same command takes it (the newest complete one in
+    ``default_local_dir``); otherwise ``auto`` might take a newer one of another run there, so it is named."""
+    if typed.trainer.resume_mode == "auto":
         return "run the same command to resume from it (trainer.resume_mode=auto)"
-    return f"resume from it with trainer.resume_mode=auto (this run has trainer.resume_mode={mode})"
+    return f"resume from it with trainer.resume_mode=resume_path trainer.resume_from_path={checkpoint}"
 
 
 def _teardown(typed: PPOConfig, tracker, trainer) -> None:
@@ -553,7 +574,8 @@ def _explain_override_error(overrides: Sequence[str], hydra_message: str) -> str
 
 
 def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str = "ppo_trainer") -> None:
-    """The command line: compose, run, exit with :func:`run`'s code (2 when the config does not compose)."""
+    """The command line: compose, run, exit with :func:`run`'s code (2 when the config does not compose, 8 with the
+    traceback logged when anything else is raised)."""
     setup_logging()
     try:
         config = parse_command_line(sys.argv[1:] if argv is None else argv, config_dir, config_name)
@@ -568,7 +590,8 @@ def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config
         remote = getattr(err, "remote_traceback", None)
         if remote:
             logger.error("rank %s raised %s; its traceback:\n%s", getattr(err, "rank", "?"), type(err).__name__, remote)
-        raise
+        logger.exception("Stopped by an unexpected error (exit code %d): %s", EXIT_UNEXPECTED_ERROR, err)
+        sys.exit(EXIT_UNEXPECTED_ERROR)
     sys.exit(code)
 
 

@@ -355,7 +355,8 @@ def remove_save_debris(root: str | os.PathLike) -> list[Path]:
     (the previous copy of a checkpoint being overwritten) are touched; symlinks and files are left alone. One
     exception keeps a good checkpoint: when ``global_step_N`` itself is absent, the save was interrupted between
     moving the old copy aside and moving the new one in, so the ``.old-*`` copy is renamed back to
-    ``global_step_N`` (logged, not returned) instead of deleted. Call it at start-up, before anything saves.
+    ``global_step_N`` (logged, not returned) instead of deleted. Call it at start-up, before anything saves. A
+    directory that cannot be removed is left with a warning: its name is never taken for a checkpoint.
 
     Args:
         root: the checkpoint root, ``trainer.default_local_dir``; a missing root is not an error.
@@ -374,7 +375,15 @@ def remove_save_debris(root: str | os.PathLike) -> list[Path]:
             logger.warning("restored %s from %s, left by a save interrupted mid-swap", root / old.group(1), path)
             continue
         if old or TMP_DEBRIS_PATTERN.match(path.name):
-            shutil.rmtree(path)
+            try:
+                shutil.rmtree(path)
+            except OSError as err:  # e.g. a killed rank's last write still landing on a network filesystem
+                logger.warning(
+                    "could not remove %s (%s): it is never taken for a checkpoint; remove it by hand",
+                    path,
+                    describe_os_error(err),
+                )
+                continue
             removed.append(path)
     if removed:
         logger.info("removed debris of interrupted checkpoint saves: %s", ", ".join(str(p) for p in removed))

@@ -120,6 +120,28 @@ def test_a_rank_killed_mid_save_leaves_the_last_complete_checkpoint_and_no_debri
     assert remove_save_debris(tmp_path) == [tmp_path / ".global_step_6.tmp-abc"]
 
 
+def test_a_file_a_rank_wrote_where_the_driver_cannot_see_it_stops_the_save(tmp_path):
+    # rank 0 runs on another node whose disk is not shared: its model.safetensors went there, so the driver finds
+    # only train_state.pt; a checkpoint nobody could resume from must not count (nor push an older one out)
+    trainer = trainer_for(tmp_path, "trainer.max_actor_ckpt_to_keep=1")
+    _saved_at(trainer, 3)
+    real_save = trainer.actor_wg.save_checkpoint
+
+    def save_on_another_node(path):
+        real_save(path)
+        (Path(path) / "model.safetensors").unlink()
+
+    trainer.actor_wg.save_checkpoint, trainer.global_step = save_on_another_node, 6
+    with pytest.raises(CheckpointWriteError) as info:
+        trainer.save_checkpoint()
+    err = info.value
+    assert err.checkpoint == tmp_path / "global_step_6" and err.path.parts[-2:] == ("actor", "model.safetensors")
+    assert "the driver finds this file is missing" in err.reason and "(a shared filesystem)" in err.reason
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_3"] and trainer.last_checkpoint.name.endswith(
+        "3"
+    )
+
+
 def test_a_failed_clean_up_of_old_checkpoints_does_not_stop_the_run(tmp_path, monkeypatch, caplog):
     trainer = trainer_for(tmp_path, "trainer.max_actor_ckpt_to_keep=1")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from verl.trainer.preemption import Preempted
 from verl.utils.checkpoint import (
+    CheckpointError,
     CheckpointWriteError,
     atomic_directory,
     checkpoints_to_keep,
@@ -23,6 +24,7 @@ from verl.utils.checkpoint import (
     prune_checkpoints,
     save_state,
     step_of_checkpoint,
+    verify_checkpoint,
 )
 
 logger = logging.getLogger("verl.trainer")
@@ -74,6 +76,7 @@ class CheckpointMixin:
                         "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
                     },
                 )
+                self._check_written(tmp)
         except (CheckpointWriteError, OSError) as err:
             raise CheckpointWriteError.while_saving(err, final) from err
         self.last_checkpoint = final
@@ -91,6 +94,25 @@ class CheckpointMixin:
                 describe_os_error(err),
             )
         return final
+
+    def _check_written(self, tmp: Path) -> None:
+        """The checkpoint read back by the driver, as a resume will read it, before the save is made final.
+
+        Each rank writes its files on its own node: without a filesystem every node shares, the files of ranks on
+        other nodes are not where the driver (and the next run) looks, and no run could resume from the checkpoint.
+
+        Raises:
+            CheckpointWriteError: a file is missing or does not read back, named with the reason.
+        """
+        try:
+            verify_checkpoint(tmp, self.roles)
+        except CheckpointError as err:
+            raise CheckpointWriteError(
+                err.path,
+                f"every rank returned from its save, but the driver finds this file {err.reason.split(' (')[0]}: if "
+                "the rank that wrote it runs on another node, it went to that node's disk, and "
+                "trainer.default_local_dir must be a directory every node sees (a shared filesystem)",
+            ) from err
 
     def maybe_resume(self) -> None:
         """Restore :attr:`resume_from` (see ``verl.trainer.main_ppo.choose_checkpoint``), if set."""
