@@ -49,6 +49,7 @@ def test_every_backend_answers_every_question_in_its_own_class(backend_cls):
     assert questions == {
         "autocast",
         "lockstep",
+        "holds_a_copy_of_rows",
         "backward_mini_batch",
         "step",
         "loss_scale",
@@ -60,6 +61,13 @@ def test_every_backend_answers_every_question_in_its_own_class(backend_cls):
         assert name in vars(backend_cls), f"{backend_cls.__name__} inherits {name} instead of stating it"
     assert backend_cls.__mro__[1] is TrainingBackend  # no backend builds on another one
     assert isinstance(backend_cls.name, str) and backend_cls.name
+
+
+def test_a_data_parallel_rank_holds_rows_of_its_own():
+    # dp and fsdp2 ranks each take their own rows (megatron's later tensor-parallel ranks and stages take copies:
+    # tests/special_distributed/test_megatron_tp_gloo.py counts non-finite inputs with them)
+    assert DPBackend().holds_a_copy_of_rows() is False
+    assert FSDPBackend(FakeMesh()).holds_a_copy_of_rows() is False
 
 
 @pytest.mark.parametrize("model_cls", MODEL_CLASSES)
