@@ -54,8 +54,9 @@ def _megatron_data_parallel_layout() -> tuple[int, bool]:
     results (the losses' metrics exist on the last stage only)."""
     from megatron.core import parallel_state
 
-    returns = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.is_pipeline_last_stage()
-    return parallel_state.get_data_parallel_rank(), returns
+    from verl.models.mcore.parallel import answers_for_its_rows
+
+    return parallel_state.get_data_parallel_rank(), answers_for_its_rows()
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):

@@ -64,7 +64,7 @@ def test_every_backend_answers_every_question_in_its_own_class(backend_cls):
 
 
 def test_a_data_parallel_rank_holds_rows_of_its_own():
-    # dp and fsdp2 ranks each take their own rows (megatron's later tensor-parallel ranks and stages take copies:
+    # dp and fsdp2 ranks each take their own rows (the ranks of a megatron model-parallel group take copies:
     # tests/special_distributed/test_megatron_tp_gloo.py counts non-finite inputs with them)
     assert DPBackend().holds_a_copy_of_rows() is False
     assert FSDPBackend(FakeMesh()).holds_a_copy_of_rows() is False

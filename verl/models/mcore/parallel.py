@@ -120,6 +120,13 @@ def ensure_model_parallel_initialized(
     )
 
 
+def answers_for_its_rows() -> bool:
+    """Whether this rank answers for the rows of its model-parallel group (its tensor-parallel ranks and pipeline
+    stages all take the same rows): tensor-parallel rank 0 of the last stage, where the losses' metrics exist. The
+    group's other ranks hold copies."""
+    return parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.is_pipeline_last_stage()
+
+
 def set_model_parallel_seed(seed: int) -> None:
     """Seed the CPU generator, and megatron's CUDA RNG tracker when CUDA is available.
 

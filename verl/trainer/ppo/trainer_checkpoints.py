@@ -109,7 +109,7 @@ class CheckpointMixin:
         except CheckpointError as err:
             raise CheckpointWriteError(
                 err.path,
-                f"every rank returned from its save, but the driver finds this file {err.reason.split(' (')[0]}: if "
+                f"every rank returned from its save, but the driver finds this file {err.reason}; if "
                 "the rank that wrote it runs on another node, it went to that node's disk, and "
                 "trainer.default_local_dir must be a directory every node sees (a shared filesystem)",
             ) from err

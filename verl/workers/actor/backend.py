@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, load_state, load_weights, save_state, save_weights
@@ -59,8 +58,9 @@ class TrainingBackend(ABC):
 
     @abstractmethod
     def holds_a_copy_of_rows(self) -> bool:
-        """Whether this rank's rows are a copy of another rank's (a tensor-parallel rank or a later pipeline stage
-        takes its data-parallel slot's rows): a count summed over the ranks leaves it out, to count each row once."""
+        """Whether this rank's rows are a copy of another rank's (megatron: every rank of a model-parallel group
+        takes the same rows, and the one that returns the group's results answers for them): a count summed over
+        the ranks leaves it out, to count each row once."""
 
     @abstractmethod
     def backward_mini_batch(self, loop: UpdateLoop, mini: DataProto, temperature: float | None) -> list[dict]:
@@ -373,10 +373,9 @@ class MegatronBackend(TrainingBackend):
     def holds_a_copy_of_rows(self):
         if not self.split_over_ranks():
             return False
-        from megatron.core import parallel_state
+        from verl.models.mcore.parallel import answers_for_its_rows
 
-        # the ranks of one model-parallel group take the same rows; its first rank counts them
-        return dist.get_rank(group=parallel_state.get_model_parallel_group()) != 0
+        return not answers_for_its_rows()  # the rank that returns the group's results counts its rows too
 
     def backward_mini_batch(self, loop, mini, temperature):
         if self.use_megatron_schedule:
