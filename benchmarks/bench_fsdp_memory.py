@@ -99,7 +99,7 @@ def _rank_main(rank: int, world: int, port: int, strategy: str, dtype: str, num_
 
     def train() -> None:
         for _ in range(num_updates):
-            metrics = actors[0].update_policy(batch)
+            metrics = actors[0].update_policy(batch).metrics
         result["update_failed"] = metrics["actor/update_failed"]
 
     # a first, tiny run imports and initialises everything (code pages count in the resident set too)

@@ -167,7 +167,7 @@ def _rank_main(rank: int, world: int, port: int, job: dict[str, Any], queue) -> 
     failed: list[float] = []
 
     def update() -> None:
-        failed.append(actor.update_policy(batch)["actor/update_failed"])
+        failed.append(actor.update_policy(batch).metrics["actor/update_failed"])
 
     def train() -> None:
         update()  # warm-up: creates the AdamW state

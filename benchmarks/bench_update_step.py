@@ -187,7 +187,7 @@ def bench_one(backend: str, dtype: str, args, device: torch.device) -> dict[str,
     def run_with(name: str):
         def step():
             actor.update_outcome_handler = handlers[name]
-            metrics = actor.update_policy(batch)
+            metrics = actor.update_policy(batch).metrics
             assert metrics["actor/num_updates_successful"] > 0, f"{backend}/{dtype}: no update succeeded"
 
         return step

@@ -12,16 +12,18 @@ results), so code written against ``verl.protocol`` runs here unchanged. Where v
 raises :class:`verl.utils.errors.ValidationError`, a ``ValueError`` naming the problem that is also an
 ``AssertionError``. Auto padding works as in verl: a DataProto built with ``auto_padding=True`` (or any DataProto
 while ``DataProtoConfig.auto_padding`` is on, or ``VERL_AUTO_PADDING=1``) may be chunked into parts that differ by
-one row. This module holds the container (construction, checks, indexing, keys, union); DataProto inherits its row
-rearrangements (chunk, concat, repeat, padding, ...) from :mod:`verl.protocol_rows` and its whole-batch conversions
-(TensorDict, disk, mini-batch iterator) from :mod:`verl.protocol_io`; the free functions (padding, folding, merging,
-byte encoding) live in :mod:`verl.protocol_ops`. Everything verl has in ``verl.protocol`` is importable from here.
+one row. This module holds the container and every method verl users call; the work on the parts is done by helper
+modules that take and return tensors, arrays, TensorDicts and dicts and never import DataProto: row arithmetic in
+:mod:`verl.protocol_rows`, TensorDict / disk / mini-batch / byte conversions in :mod:`verl.protocol_io`, key
+selection, merging and folding in :mod:`verl.protocol_ops`. Everything verl has in ``verl.protocol`` is importable
+from here.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,26 +31,27 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verl.protocol_io import DataProtoIOMixin
-from verl.protocol_ops import (
-    as_key_list,
-    as_non_tensor_array,
-    check_keys_exist,
+from verl import protocol_io, protocol_rows
+from verl.protocol_io import (
     deserialize_single_tensor,
     deserialize_tensordict,
-    fold_batch_dim,
-    list_of_dict_to_dict_of_list,
-    normalize_index,
-    pad_dataproto_to_divisor,
     serialize_single_tensor,
     serialize_tensordict,
-    unfold_batch_dim,
-    union_meta_info,
-    union_numpy_dict,
-    union_tensor_dict,
-    unpad_dataproto,
 )
-from verl.protocol_rows import DataProtoConfig, DataProtoRowsMixin
+from verl.protocol_ops import (
+    as_key_list,
+    check_keys_exist,
+    fold_parts,
+    list_of_dict_to_dict_of_list,
+    normalize_index,
+    rename_keys,
+    select_parts,
+    unfold_parts,
+    union_numpy_dict,
+    union_parts,
+    union_tensor_dict,
+)
+from verl.protocol_rows import DataProtoConfig
 from verl.utils.errors import ValidationError
 
 __all__ = [
@@ -85,7 +88,7 @@ class DataProtoItem:
 
 
 @dataclass
-class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
+class DataProto:
     """A batch of ``B`` rows: tensors, numpy arrays and batch-wide meta information.
 
     Attributes:
@@ -116,26 +119,7 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         Raises:
             ValidationError: when the batch is not 1-D, a non-tensor value is not a numpy array, or lengths differ.
         """
-        lengths: dict[str, int] = {}
-        if self.batch is not None:
-            if len(self.batch.batch_size) != 1:
-                shape = list(self.batch.batch_size)
-                raise ValidationError(f"DataProto.batch must have exactly one batch dimension, got batch_size={shape}.")
-            lengths["batch"] = int(self.batch.batch_size[0])
-        for key, value in self.non_tensor_batch.items():
-            if not isinstance(value, np.ndarray):
-                raise ValidationError(
-                    f"non_tensor_batch[{key!r}] must be a numpy array, got {type(value).__name__}; "
-                    "wrap lists with DataProto.from_dict / from_single_dict, which convert them to object arrays."
-                )
-            if value.ndim == 0:
-                raise ValidationError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row.")
-            lengths[key] = len(value)
-        if len(set(lengths.values())) > 1:
-            raise ValidationError(
-                f"DataProto parts have different numbers of rows: {lengths}. "
-                "Every tensor and non-tensor array must have the same length along dim 0."
-            )
+        protocol_rows.check_part_lengths(self.batch, self.non_tensor_batch)
 
     # ------------------------------------------------------------------ construction
 
@@ -166,27 +150,7 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
             ValidationError: when the tensors disagree on B, a value has the wrong type, lengths differ, or
                 ``num_batch_dims != 1``.
         """
-        if num_batch_dims != 1:
-            raise ValidationError(
-                f"from_dict: num_batch_dims={num_batch_dims} is not supported; a DataProto has exactly one batch "
-                "dimension. Build it with num_batch_dims=1 and use fold_batch_dim to group rows."
-            )
-        if non_tensors is not None and not isinstance(non_tensors, Mapping):
-            raise ValidationError(f"from_dict: non_tensors must be a dict, got {type(non_tensors).__name__}.")
-        tensors = dict(tensors or {})
-        batch = None
-        if tensors:
-            for key, value in tensors.items():
-                if not isinstance(value, torch.Tensor) or value.dim() == 0:
-                    raise ValidationError(f"tensors[{key!r}] must be a tensor with a row dimension, got {value!r:.80}.")
-            sizes = {key: int(value.shape[0]) for key, value in tensors.items()}
-            if len(set(sizes.values())) > 1:
-                raise ValidationError(f"Tensors have different numbers of rows (dim 0): {sizes}; they must all match.")
-            batch = TensorDict(tensors, batch_size=[next(iter(sizes.values()))])
-        converted = {
-            key: as_non_tensor_array(value) if isinstance(value, (list, tuple)) else value
-            for key, value in (non_tensors or {}).items()
-        }
+        batch, converted = protocol_rows.parts_from_dicts(tensors, non_tensors, num_batch_dims)
         meta = dict(meta_info or {})
         if auto_padding:
             meta[DataProtoConfig.auto_padding_key] = True
@@ -201,17 +165,7 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         Raises:
             ValidationError: for a value that is neither a tensor, a numpy array nor a list/tuple.
         """
-        tensors, non_tensors = {}, {}
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor):
-                tensors[key] = value
-            elif isinstance(value, (np.ndarray, list, tuple)):
-                non_tensors[key] = value
-            else:
-                raise ValidationError(
-                    f"from_single_dict: value for {key!r} has type {type(value).__name__}; accepted are "
-                    "torch.Tensor, np.ndarray, list and tuple. Put batch-wide scalars into meta_info instead."
-                )
+        tensors, non_tensors = protocol_rows.split_single_dict(data)
         return cls.from_dict(tensors, non_tensors, meta_info, auto_padding=auto_padding)
 
     # ------------------------------------------------------------------ rows
@@ -225,10 +179,7 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
 
     def _take_rows(self, index: np.ndarray | slice) -> DataProto:
         """New DataProto holding the given rows; meta_info is shallow-copied."""
-        batch = None
-        if self.batch is not None:
-            batch = self.batch[index] if isinstance(index, slice) else self.batch[torch.from_numpy(index)]
-        non_tensor = {key: value[index] for key, value in self.non_tensor_batch.items()}
+        batch, non_tensor = protocol_rows.take_rows(self.batch, self.non_tensor_batch, index)
         return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
 
     def __getitem__(self, item: int | slice | Sequence[int] | np.ndarray | torch.Tensor) -> DataProto | DataProtoItem:
@@ -280,20 +231,9 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         Raises:
             ValidationError: naming any batch (tensor) key that does not exist, with the available keys.
         """
-        batch = self.batch
-        if batch_keys is not None:
-            keys = as_key_list(batch_keys)
-            check_keys_exist("batch", keys, batch.keys() if batch is not None else [])
-            if batch is not None:
-                batch = batch.select(*keys)
-        non_tensor = dict(self.non_tensor_batch)
-        if non_tensor_batch_keys is not None:
-            wanted = set(as_key_list(non_tensor_batch_keys))
-            non_tensor = {key: value for key, value in non_tensor.items() if key in wanted}
-        meta = dict(self.meta_info)
-        if meta_info_keys is not None:
-            wanted = set(as_key_list(meta_info_keys))
-            meta = {key: value for key, value in meta.items() if key in wanted}
+        batch, non_tensor, meta = select_parts(
+            self.batch, self.non_tensor_batch, self.meta_info, batch_keys, non_tensor_batch_keys, meta_info_keys
+        )
         if deepcopy:
             batch = batch.clone() if batch is not None else None
             non_tensor, meta = copy.deepcopy(non_tensor), copy.deepcopy(meta)
@@ -330,21 +270,7 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         Raises:
             ValidationError: when the key lists differ in length, an old key is missing, or a new key is taken.
         """
-        old, new = as_key_list(old_keys), as_key_list(new_keys)
-        if len(old) != len(new):
-            raise ValidationError(f"rename needs as many new keys as old keys, got {old} -> {new}.")
-        batch_keys = list(self.batch.keys()) if self.batch is not None else []
-        check_keys_exist("batch or non_tensor_batch", old, batch_keys + list(self.non_tensor_batch))
-        for old_key, new_key in zip(old, new):
-            if old_key == new_key:
-                continue
-            if new_key in batch_keys or new_key in self.non_tensor_batch:
-                raise ValidationError(f"Cannot rename {old_key!r} to {new_key!r}: {new_key!r} already exists.")
-            if old_key in batch_keys:
-                self.batch.rename_key_(old_key, new_key)
-                batch_keys = list(self.batch.keys())
-            else:
-                self.non_tensor_batch[new_key] = self.non_tensor_batch.pop(old_key)
+        rename_keys(self.batch, self.non_tensor_batch, as_key_list(old_keys), as_key_list(new_keys))
         return self
 
     def union(self, other: DataProto) -> DataProto:
@@ -362,11 +288,9 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         if len(self) != len(other):
             raise ValidationError(f"Cannot union DataProtos of different lengths: {len(self)} vs {len(other)}.")
         # check every part on copies first, then commit in place (callers may hold references to self's parts)
-        merged_batch = None
-        if self.batch is not None and other.batch is not None:
-            merged_batch = union_tensor_dict(self.batch.copy(), other.batch)
-        non_tensor = union_numpy_dict(dict(self.non_tensor_batch), other.non_tensor_batch)
-        meta = union_meta_info(dict(self.meta_info), other.meta_info)
+        merged_batch, non_tensor, meta = union_parts(
+            (self.batch, self.non_tensor_batch, self.meta_info), (other.batch, other.non_tensor_batch, other.meta_info)
+        )
         if merged_batch is not None:
             for key in merged_batch.keys():
                 if key not in self.batch.keys():
@@ -382,3 +306,213 @@ class DataProto(DataProtoRowsMixin, DataProtoIOMixin):
         if self.batch is not None:
             self.batch = self.batch.to(device)
         return self
+
+    # ------------------------------------------------------------------ splitting, joining, repeating rows
+
+    def is_padding_enabled(self) -> bool:
+        """Whether :meth:`chunk` may split unequally: set for this DataProto (``from_dict(auto_padding=True)``)
+        or process-wide (``DataProtoConfig.auto_padding``, ``VERL_AUTO_PADDING``)."""
+        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or DataProtoConfig.auto_padding
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Append ``padding_size`` copies of the first (``"first"``) or last (``"last"``, or ``""`` as in verl)
+        row, in place; meta_info is unchanged.
+
+        Raises:
+            ValidationError: for a negative size, another candidate name, or padding an empty DataProto.
+        """
+        rows = protocol_rows.padding_rows(len(self), padding_size, padding_candidate)
+        if padding_size == 0:
+            return
+        padded = type(self).concat([self, self._take_rows(rows)])
+        self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+
+    def chunk(self, chunks: int) -> list[DataProto]:
+        """Split into ``chunks`` consecutive parts; each carries a copy of meta_info.
+
+        The parts are equal unless auto padding is enabled (:meth:`is_padding_enabled`); then ``B`` rows split
+        into parts whose sizes differ by at most one row, the longer ones first (7 rows in 3 parts: 3, 2, 2).
+
+        Raises:
+            ValidationError: when ``chunks`` is not positive, or does not divide ``len(self)`` without auto padding.
+        """
+        bounds = protocol_rows.chunk_bounds(len(self), chunks, self.is_padding_enabled())
+        return [self.slice(start, end) for start, end in bounds]
+
+    def split(self, split_size: int) -> list[DataProto]:
+        """Split into parts of ``split_size`` rows; the last part may be shorter."""
+        if split_size <= 0:
+            raise ValidationError(f"split_size must be a positive integer, got {split_size}.")
+        return [self.slice(start, start + split_size) for start in range(0, len(self), split_size)]
+
+    @staticmethod
+    def concat(data: Sequence[DataProto]) -> DataProto:
+        """Concatenate along rows and merge the parts' meta_info.
+
+        meta_info is merged as verl does: every key except ``"metrics"`` must have the same value in all parts
+        that have it; ``"metrics"`` (a dict, or a list of dicts, per part, e.g. one per worker) are gathered into
+        one dict of lists, ``{"loss": [loss_part0, loss_part1, ...]}``.
+
+        Raises:
+            ValidationError: for an empty list, parts whose tensor / non-tensor keys differ, or a meta_info key
+                with different values in two parts ("Conflicting values for meta_info key ...").
+        """
+        batch, non_tensor, meta = protocol_rows.concat_parts(
+            [part.batch for part in data], [part.non_tensor_batch for part in data], [part.meta_info for part in data]
+        )
+        return type(data[0])(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
+        """Repeat every row ``repeat_times`` times: interleaved ``[a, a, b, b]`` or tiled ``[a, b, a, b]``."""
+        return self._take_rows(protocol_rows.repeat_rows(len(self), repeat_times, interleave))
+
+    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Repeat row ``i`` ``repeat_times[i]`` times (a list, tuple, 1-D ndarray or tensor of ``B`` non-negative
+        integers), keeping the rows in order: ``[2, 0, 1]`` gives ``[a, a, c]``.
+
+        Raises:
+            ValidationError: when ``repeat_times`` is not ``B`` non-negative integers.
+        """
+        return self._take_rows(protocol_rows.sample_repeat_rows(len(self), repeat_times))
+
+    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
+        """Cut the columns (dim 1) of ``split_keys`` into ``n_split`` chunks that become rows; repeat the rest.
+
+        A split key of shape (B, C, ...) becomes (B * n_split, C // n_split, ...), row ``i``'s column chunk ``j``
+        landing in row ``i * n_split + j``; every other tensor and array is repeated ``n_split`` times
+        (interleaved). Works on tensors and non-tensor arrays alike.
+
+        Raises:
+            ValidationError: for ``n_split < 1``, an unknown split key, or a split key whose dim 1 is missing or
+                not divisible by ``n_split``.
+        """
+        batch, non_tensor = protocol_rows.unfold_column_parts(self.batch, self.non_tensor_batch, n_split, split_keys)
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
+
+    def reorder(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Permute rows in place (row ``i`` becomes old row ``indices[i]``) and return ``self``."""
+        index = normalize_index(indices, len(self))
+        if len(index) != len(self):
+            raise ValidationError(f"reorder needs {len(self)} indices (one per row), got {len(index)}.")
+        reordered = self._take_rows(index)
+        self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
+        return self
+
+    # ------------------------------------------------------------------ other forms: TensorDict, disk, mini-batches
+
+    @classmethod
+    def from_tensordict(
+        cls, tensor_dict: TensorDict | None = None, meta_info: dict[str, Any] | None = None, num_batch_dims: int = 1
+    ) -> DataProto:
+        """Build a DataProto from a TensorDict such as :meth:`to_tensordict` returns (None: an empty DataProto).
+
+        Tensors go to ``batch``; ``NonTensorStack`` values (one object per row) become ``dtype=object`` arrays in
+        ``non_tensor_batch``; ``NonTensorData`` values (one object for the batch) go to ``meta_info``, on top of
+        the ``meta_info`` argument. Only ``num_batch_dims=1`` is accepted.
+
+        Raises:
+            ValidationError: for ``num_batch_dims != 1``, a value of another kind (e.g. a nested TensorDict), or
+                parts with different numbers of rows.
+        """
+        batch, non_tensor, meta = protocol_io.parts_from_tensordict(tensor_dict, meta_info, num_batch_dims)
+        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+    def to_tensordict(self) -> TensorDict:
+        """This batch as one TensorDict (``batch_size=[B]``): tensors as they are, non-tensor arrays as
+        ``NonTensorStack``, meta_info entries as ``NonTensorData``; :meth:`from_tensordict` reverses it (non-tensor
+        arrays come back as ``dtype=object`` arrays).
+
+        Raises:
+            ValidationError: when a key is used by more than one of batch, non_tensor_batch and meta_info.
+        """
+        return protocol_io.parts_to_tensordict(self.batch, self.non_tensor_batch, self.meta_info)
+
+    def make_iterator(
+        self, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None
+    ) -> Iterator[DataProto]:
+        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` passes, each with a copy of meta_info.
+
+        Shuffling follows ``dataloader_kwargs["shuffle"]`` as in verl; when that key is absent, the rows are
+        shuffled exactly when a ``seed`` is given, from one generator seeded once (a fresh, reproducible
+        permutation every epoch). Other ``dataloader_kwargs`` (e.g. ``num_workers``) go to the ``DataLoader``.
+
+        Raises:
+            ValidationError: when ``len(self)`` is not divisible by ``mini_batch_size``, ``epochs`` is negative,
+                or ``dataloader_kwargs`` sets batch_size, sampler, batch_sampler, generator or collate_fn.
+        """
+        rows = protocol_io.mini_batch_rows(len(self), mini_batch_size, epochs, seed, dataloader_kwargs)
+        return (self._take_rows(index) for index in rows)
+
+    def save_to_disk(self, filepath: str | os.PathLike) -> None:
+        """Write this batch to ``filepath`` in a format that loads without unpickling arbitrary objects.
+
+        verl pickles the whole object, so loading its files runs whatever code the file names. Here the file is a
+        ``torch.save`` archive of plain data (see :func:`verl.protocol_io.save_parts`) that :meth:`load_from_disk`
+        reads with ``torch.load(weights_only=True)``; files written by upstream verl are not readable here.
+
+        Raises:
+            ValidationError: when a non-tensor element or a meta_info value is of a type that cannot be stored
+                safely (e.g. a custom class instance); the message names the key.
+        """
+        protocol_io.save_parts(filepath, self.batch, self.non_tensor_batch, self.meta_info)
+
+    @classmethod
+    def load_from_disk(cls, filepath: str | os.PathLike) -> DataProto:
+        """Read a file written by :meth:`save_to_disk` (tensors onto the CPU); safe for untrusted files.
+
+        Raises:
+            ValidationError: when the file is not in this format (e.g. a pickle written by upstream verl), or is
+                corrupt or from a newer version.
+        """
+        batch, non_tensor, meta = protocol_io.load_parts(filepath)
+        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+
+
+# ---------------------------------------------------------------------------------------------- verl's free functions
+
+
+def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
+    """Pad ``data`` to a multiple of ``size_divisor`` rows by appending copies of its first rows, cyclically
+    (3 rows padded to a multiple of 7 become rows ``0 1 2 0 1 2 0``).
+
+    Returns:
+        ``(padded, pad_size)`` with ``len(padded) == len(data) + pad_size`` and ``pad_size < size_divisor``;
+        ``data`` itself when no padding is needed.
+
+    Raises:
+        ValidationError: when ``size_divisor`` is not positive, or padding is needed but ``data`` is empty.
+    """
+    rows = protocol_rows.pad_to_divisor_rows(len(data), size_divisor)
+    if len(rows) == 0:
+        return data, 0
+    return type(data).concat([data, data[rows]]), len(rows)
+
+
+def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
+    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor` (``data`` itself for 0)."""
+    if pad_size < 0 or pad_size > len(data):
+        raise ValidationError(f"pad_size must be in [0, {len(data)}], got {pad_size}.")
+    return data if pad_size == 0 else data.slice(0, len(data) - pad_size)
+
+
+def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
+    """Group the ``B`` rows into ``new_batch_size`` rows of ``B // new_batch_size`` consecutive old rows each:
+    tensors (B, ...) become (new_batch_size, B // new_batch_size, ...), arrays likewise. ``data`` is unchanged;
+    meta_info is shallow-copied; :func:`unfold_batch_dim` undoes it.
+
+    Raises:
+        ValidationError: when ``new_batch_size`` is not a positive divisor of ``len(data)``.
+    """
+    batch, non_tensor = fold_parts(data.batch, data.non_tensor_batch, new_batch_size)
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+
+
+def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
+    """Merge the first ``batch_dims`` dimensions of every tensor and array into one row dimension (row-major), so
+    ``unfold_batch_dim(fold_batch_dim(data, n))`` gives ``data`` back. ``data`` is unchanged.
+
+    Raises:
+        ValidationError: when ``batch_dims < 1`` or the values disagree on their first ``batch_dims`` sizes.
+    """
+    batch, non_tensor = unfold_parts(data.batch, data.non_tensor_batch, batch_dims)
+    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))

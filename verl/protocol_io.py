@@ -1,16 +1,18 @@
-"""DataProto in other forms: a TensorDict, a file on disk, a stream of shuffled mini-batches.
+"""A batch in other forms: a TensorDict, a file on disk, a stream of shuffled mini-batches, bytes.
 
-:class:`DataProtoIOMixin` holds the methods of :class:`verl.protocol.DataProto` that convert a whole batch
-(``from_tensordict`` / ``to_tensordict``, ``save_to_disk`` / ``load_from_disk``, ``make_iterator``); DataProto
-inherits them, so they are called as verl's methods. The disk format is the one deliberate departure from verl:
-verl pickles the object, so loading a file runs whatever code it names; here the file holds plain data that
-``torch.load(weights_only=True)`` reads, and anything that cannot be stored that way is refused at save time.
+The functions here take and return the parts of a batch (a ``TensorDict`` or None, a dict of numpy arrays, a
+meta_info dict), row ids or byte encodings; :class:`verl.protocol.DataProto`'s ``from_tensordict`` /
+``to_tensordict``, ``save_to_disk`` / ``load_from_disk`` and ``make_iterator`` call them, and ``verl.protocol``
+re-exports the byte encoders under verl's names, so this module never imports DataProto. The disk format is the one
+deliberate departure from verl: verl pickles the object, so loading a file runs whatever code it names; here the
+file holds plain data that ``torch.load(weights_only=True)`` reads, and anything that cannot be stored that way is
+refused at save time.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +23,17 @@ from torch.utils.data import DataLoader
 from verl.protocol_ops import to_object_array
 from verl.utils.errors import ValidationError
 
-__all__ = ["DataProtoIOMixin"]
+__all__ = [
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
+    "load_parts",
+    "mini_batch_rows",
+    "parts_from_tensordict",
+    "parts_to_tensordict",
+    "save_parts",
+    "serialize_single_tensor",
+    "serialize_tensordict",
+]
 
 # make_iterator owns these DataLoader arguments; letting callers override them would break its contract.
 _RESERVED_DATALOADER_KWARGS = ("batch_size", "sampler", "batch_sampler", "generator", "collate_fn")
@@ -38,218 +50,179 @@ def _collate_row_ids(ids: list[int]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-class DataProtoIOMixin:
-    """Conversions of a whole DataProto; see :class:`verl.protocol.DataProto` for the attributes they read."""
+Parts = tuple[TensorDict | None, dict[str, np.ndarray], dict[str, Any]]
 
-    batch: TensorDict | None
-    non_tensor_batch: dict[str, np.ndarray]
-    meta_info: dict[str, Any]
 
-    # ------------------------------------------------------------------ TensorDict
+def parts_from_tensordict(
+    tensor_dict: TensorDict | None, meta_info: dict[str, Any] | None, num_batch_dims: int
+) -> Parts:
+    """The parts ``(batch, non_tensor_batch, meta_info)`` of ``DataProto.from_tensordict(tensor_dict, ...)``.
 
-    @classmethod
-    def from_tensordict(
-        cls,
-        tensor_dict: TensorDict | None = None,
-        meta_info: dict[str, Any] | None = None,
-        num_batch_dims: int = 1,
-    ) -> Any:
-        """Build a DataProto from a TensorDict such as :meth:`to_tensordict` returns.
+    Tensors go to ``batch``; ``NonTensorStack`` values (one object per row) become ``dtype=object`` arrays;
+    ``NonTensorData`` values (one object for the batch) go to ``meta_info``, on top of the ``meta_info`` argument.
 
-        Tensors go to ``batch``; ``NonTensorStack`` values (one object per row) become ``dtype=object`` arrays in
-        ``non_tensor_batch``; ``NonTensorData`` values (one object for the batch) go to ``meta_info``, on top of
-        the ``meta_info`` argument.
+    Raises:
+        ValidationError: for ``num_batch_dims != 1`` or a value of another kind (e.g. a nested TensorDict).
+    """
+    from tensordict.tensorclass import NonTensorData, NonTensorStack
 
-        Args:
-            tensor_dict: a TensorDict with ``batch_size=[B]`` (None gives an empty DataProto).
-            meta_info: extra batch-wide values.
-            num_batch_dims: only 1 is accepted: a DataProto has one batch dimension.
-
-        Raises:
-            ValidationError: for ``num_batch_dims != 1``, a value of another kind (e.g. a nested TensorDict), or
-                parts with different numbers of rows.
-        """
-        from tensordict.tensorclass import NonTensorData, NonTensorStack
-
-        if num_batch_dims != 1:
-            raise ValidationError(
-                f"from_tensordict: num_batch_dims={num_batch_dims} is not supported; a DataProto has exactly one "
-                "batch dimension."
-            )
-        meta = dict(meta_info or {})
-        if tensor_dict is None:
-            return cls(meta_info=meta)
-        tensors: dict[str, torch.Tensor] = {}
-        non_tensor: dict[str, np.ndarray] = {}
-        for key, value in tensor_dict.items():
-            if isinstance(value, torch.Tensor):
-                tensors[key] = value
-            elif isinstance(value, NonTensorStack):
-                non_tensor[key] = to_object_array(value.tolist())
-            elif isinstance(value, NonTensorData):
-                meta[key] = value.data
-            else:
-                raise ValidationError(
-                    f"from_tensordict: {key!r} is a {type(value).__name__}; accepted are tensors, NonTensorStack "
-                    "(per-row objects) and NonTensorData (batch-wide values)."
-                )
-        batch = None
-        if tensors:
-            rows = (
-                tensor_dict.batch_size[:1] if len(tensor_dict.batch_size) else [next(iter(tensors.values())).shape[0]]
-            )
-            batch = TensorDict(tensors, batch_size=list(rows), device=tensor_dict.device)
-        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
-
-    def to_tensordict(self) -> TensorDict:
-        """This batch as one TensorDict: tensors as they are, non-tensor arrays as ``NonTensorStack`` (one object
-        per row), meta_info entries as ``NonTensorData``; :meth:`from_tensordict` reverses it.
-
-        Non-tensor arrays come back from the round trip as ``dtype=object`` arrays.
-
-        Returns:
-            A TensorDict with ``batch_size=[B]`` (``[]`` when the DataProto has no rows at all).
-
-        Raises:
-            ValidationError: when a key is used by more than one of batch, non_tensor_batch and meta_info.
-        """
-        from verl.utils import tensordict_utils as tu
-
-        tensors = dict(self.batch.items()) if self.batch is not None else {}
-        clashes = (set(tensors) & set(self.non_tensor_batch)) | (
-            (set(tensors) | set(self.non_tensor_batch)) & set(self.meta_info)
+    if num_batch_dims != 1:
+        raise ValidationError(
+            f"from_tensordict: num_batch_dims={num_batch_dims} is not supported; a DataProto has exactly one "
+            "batch dimension."
         )
-        if clashes:
+    meta = dict(meta_info or {})
+    if tensor_dict is None:
+        return None, {}, meta
+    tensors: dict[str, torch.Tensor] = {}
+    non_tensor: dict[str, np.ndarray] = {}
+    for key, value in tensor_dict.items():
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, NonTensorStack):
+            non_tensor[key] = to_object_array(value.tolist())
+        elif isinstance(value, NonTensorData):
+            meta[key] = value.data
+        else:
             raise ValidationError(
-                f"to_tensordict: key(s) {sorted(clashes)} appear in more than one of batch, non_tensor_batch and "
-                "meta_info; a TensorDict has one namespace. Rename them first (DataProto.rename)."
+                f"from_tensordict: {key!r} is a {type(value).__name__}; accepted are tensors, NonTensorStack "
+                "(per-row objects) and NonTensorData (batch-wide values)."
             )
-        per_row: dict[str, Any] = dict(tensors)
-        for key, value in self.non_tensor_batch.items():
-            per_row[key] = list(value)
-        return tu.get_tensordict(tensor_dict=per_row, non_tensor_dict=self.meta_info)
+    batch = None
+    if tensors:
+        rows = tensor_dict.batch_size[:1] if len(tensor_dict.batch_size) else [next(iter(tensors.values())).shape[0]]
+        batch = TensorDict(tensors, batch_size=list(rows), device=tensor_dict.device)
+    return batch, non_tensor, meta
 
-    # ------------------------------------------------------------------ mini-batches
 
-    def make_iterator(
-        self,
-        mini_batch_size: int,
-        epochs: int,
-        seed: int | None = None,
-        dataloader_kwargs: dict[str, Any] | None = None,
-    ) -> Iterator[Any]:
-        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` passes over the data.
+def parts_to_tensordict(
+    batch: TensorDict | None, non_tensor: dict[str, np.ndarray], meta_info: dict[str, Any]
+) -> TensorDict:
+    """One TensorDict holding the parts: tensors as they are, non-tensor arrays as ``NonTensorStack`` (one object
+    per row), meta_info entries as ``NonTensorData``; :func:`parts_from_tensordict` reverses it.
 
-        Shuffling follows ``dataloader_kwargs["shuffle"]`` as in verl; when that key is absent, the rows are
-        shuffled exactly when a ``seed`` is given (this project's callers rely on that). A ``seed`` seeds one
-        ``torch.Generator`` once, so every epoch gets a fresh permutation and the whole sequence is reproducible.
-        Every mini-batch carries a copy of ``meta_info``. Other ``dataloader_kwargs`` (e.g. ``num_workers``) go to
-        the underlying ``DataLoader``.
+    Raises:
+        ValidationError: when a key is used by more than one of the three parts.
+    """
+    from verl.utils import tensordict_utils as tu
 
-        Raises:
-            ValidationError: when ``len(self)`` is not divisible by ``mini_batch_size``, ``epochs`` is negative,
-                or ``dataloader_kwargs`` sets an argument this method controls (batch_size, sampler,
-                batch_sampler, generator, collate_fn).
-        """
-        num_rows = len(self)  # type: ignore[arg-type]
-        if mini_batch_size <= 0 or num_rows % mini_batch_size != 0:
-            raise ValidationError(
-                f"make_iterator: {num_rows} rows are not divisible by mini_batch_size={mini_batch_size}; "
-                "choose a mini-batch size that divides the batch, or pad the batch first."
-            )
-        if epochs < 0:
-            raise ValidationError(f"make_iterator: epochs must be >= 0, got {epochs}.")
-        kwargs = dict(dataloader_kwargs or {})
-        reserved = sorted(set(kwargs) & set(_RESERVED_DATALOADER_KWARGS))
-        if reserved:
-            raise ValidationError(f"make_iterator sets {reserved} itself; remove them from dataloader_kwargs.")
-        shuffle = bool(kwargs.pop("shuffle", seed is not None))
-        generator = None
-        if seed is not None:
-            generator = torch.Generator()
-            generator.manual_seed(seed)
-        loader = DataLoader(
-            list(range(num_rows)),
-            batch_size=mini_batch_size,
-            shuffle=shuffle,
-            generator=generator,
-            collate_fn=_collate_row_ids,
-            **kwargs,
+    tensors = dict(batch.items()) if batch is not None else {}
+    clashes = (set(tensors) & set(non_tensor)) | ((set(tensors) | set(non_tensor)) & set(meta_info))
+    if clashes:
+        raise ValidationError(
+            f"to_tensordict: key(s) {sorted(clashes)} appear in more than one of batch, non_tensor_batch and "
+            "meta_info; a TensorDict has one namespace. Rename them first (DataProto.rename)."
         )
+    per_row: dict[str, Any] = dict(tensors)
+    for key, value in non_tensor.items():
+        per_row[key] = list(value)
+    return tu.get_tensordict(tensor_dict=per_row, non_tensor_dict=meta_info)
 
-        def _iterate() -> Iterator[Any]:
-            for _ in range(epochs):
-                for index in loader:
-                    yield self._take_rows(index)  # type: ignore[attr-defined]
 
-        return _iterate()
+def mini_batch_rows(
+    num_rows: int, mini_batch_size: int, epochs: int, seed: int | None, dataloader_kwargs: dict[str, Any] | None
+) -> Iterator[np.ndarray]:
+    """The row ids of each mini-batch of ``DataProto.make_iterator``, epoch after epoch.
 
-    # ------------------------------------------------------------------ disk
+    Shuffling follows ``dataloader_kwargs["shuffle"]`` as in verl; when that key is absent, rows are shuffled
+    exactly when a ``seed`` is given. A ``seed`` seeds one ``torch.Generator`` once, so every epoch gets a fresh
+    permutation and the whole sequence is reproducible. Other ``dataloader_kwargs`` go to the ``DataLoader``.
 
-    def save_to_disk(self, filepath: str | os.PathLike) -> None:
-        """Write this batch to ``filepath`` in a format that loads without unpickling arbitrary objects.
+    Raises:
+        ValidationError: when ``num_rows`` is not divisible by ``mini_batch_size``, ``epochs`` is negative, or
+            ``dataloader_kwargs`` sets an argument this function controls.
+    """
+    if mini_batch_size <= 0 or num_rows % mini_batch_size != 0:
+        raise ValidationError(
+            f"make_iterator: {num_rows} rows are not divisible by mini_batch_size={mini_batch_size}; "
+            "choose a mini-batch size that divides the batch, or pad the batch first."
+        )
+    if epochs < 0:
+        raise ValidationError(f"make_iterator: epochs must be >= 0, got {epochs}.")
+    kwargs = dict(dataloader_kwargs or {})
+    reserved = sorted(set(kwargs) & set(_RESERVED_DATALOADER_KWARGS))
+    if reserved:
+        raise ValidationError(f"make_iterator sets {reserved} itself; remove them from dataloader_kwargs.")
+    shuffle = bool(kwargs.pop("shuffle", seed is not None))
+    generator = None
+    if seed is not None:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    loader = DataLoader(
+        list(range(num_rows)),
+        batch_size=mini_batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        collate_fn=_collate_row_ids,
+        **kwargs,
+    )
 
-        verl pickles the whole object, so loading its files runs whatever code the file names: only files from a
-        trusted source may be loaded that way. This implementation instead writes a ``torch.save`` archive of
-        plain data (tensors moved to CPU, numpy arrays as dtype + shape + raw bytes, object arrays and meta_info
-        as nested lists / dicts / tuples of tensors, str, int, float, bool and None; subclasses of str, int and
-        float, such as string enums, are stored as their plain value), which
-        :meth:`load_from_disk` reads with ``torch.load(weights_only=True)``. Files written by upstream verl are
-        pickles and are not readable here; re-save them with this method.
+    def _iterate() -> Iterator[np.ndarray]:
+        for _ in range(epochs):
+            yield from loader
 
-        Raises:
-            ValidationError: when a non-tensor element or a meta_info value is of a type that cannot be stored
-                safely (e.g. a custom class instance); the message names the key.
-        """
-        batch = None
-        if self.batch is not None:
-            batch = {
-                "batch_size": list(self.batch.batch_size),
-                "tensors": {key: value.detach().cpu() for key, value in self.batch.items()},
-            }
-        payload = {
-            "format": _DISK_FORMAT,
-            "version": _DISK_FORMAT_VERSION,
-            "batch": batch,
-            "non_tensor_batch": {
-                key: _encode_array(value, f"non_tensor_batch[{key!r}]") for key, value in self.non_tensor_batch.items()
-            },
-            "meta_info": {key: _encode_value(value, f"meta_info[{key!r}]") for key, value in self.meta_info.items()},
+    return _iterate()
+
+
+def save_parts(
+    filepath: str | os.PathLike, batch: TensorDict | None, non_tensor: dict[str, np.ndarray], meta_info: dict
+) -> None:
+    """Write the parts of a DataProto to ``filepath`` as plain data that ``torch.load(weights_only=True)`` reads.
+
+    Tensors are moved to CPU, numpy arrays stored as dtype + shape + raw bytes, object arrays and meta_info as
+    nested lists / dicts / tuples of tensors, str, int, float, bool and None (subclasses of str, int and float,
+    such as string enums, as their plain value).
+
+    Raises:
+        ValidationError: when a non-tensor element or a meta_info value is of a type that cannot be stored safely
+            (e.g. a custom class instance); the message names the key.
+    """
+    stored_batch = None
+    if batch is not None:
+        stored_batch = {
+            "batch_size": list(batch.batch_size),
+            "tensors": {key: value.detach().cpu() for key, value in batch.items()},
         }
-        torch.save(payload, filepath)
+    payload = {
+        "format": _DISK_FORMAT,
+        "version": _DISK_FORMAT_VERSION,
+        "batch": stored_batch,
+        "non_tensor_batch": {
+            key: _encode_array(value, f"non_tensor_batch[{key!r}]") for key, value in non_tensor.items()
+        },
+        "meta_info": {key: _encode_value(value, f"meta_info[{key!r}]") for key, value in meta_info.items()},
+    }
+    torch.save(payload, filepath)
 
-    @classmethod
-    def load_from_disk(cls, filepath: str | os.PathLike) -> Any:
-        """Read a file written by :meth:`save_to_disk`; tensors are loaded onto the CPU.
 
-        Loading uses ``torch.load(weights_only=True)``, which refuses to run code from the file, so files from
-        untrusted sources are safe to open.
+def load_parts(filepath: str | os.PathLike) -> Parts:
+    """The parts stored by :func:`save_parts`, tensors on the CPU; read with ``torch.load(weights_only=True)``.
 
-        Raises:
-            ValidationError: when the file is not in this format (e.g. a pickle written by upstream verl), or is
-                corrupt or from a newer version.
-        """
-        try:
-            payload = torch.load(filepath, weights_only=True, map_location="cpu")
-        except Exception as err:  # the unpickler raises several error types for foreign files
-            raise ValidationError(
-                f"load_from_disk: {os.fspath(filepath)!r} is not a DataProto file written by save_to_disk "
-                f"({type(err).__name__}: {err}). Pickled DataProtos (upstream verl's format) are refused because "
-                "loading them can run arbitrary code; re-save the data with DataProto.save_to_disk."
-            ) from err
-        if not isinstance(payload, dict) or payload.get("format") != _DISK_FORMAT:
-            raise ValidationError(f"load_from_disk: {os.fspath(filepath)!r} does not hold a {_DISK_FORMAT} archive.")
-        if payload.get("version") != _DISK_FORMAT_VERSION:
-            raise ValidationError(
-                f"load_from_disk: {os.fspath(filepath)!r} has format version {payload.get('version')!r}; this "
-                f"version of verl reads version {_DISK_FORMAT_VERSION}."
-            )
-        batch = None
-        if payload["batch"] is not None:
-            batch = TensorDict(payload["batch"]["tensors"], batch_size=payload["batch"]["batch_size"])
-        non_tensor = {key: _decode_array(value) for key, value in payload["non_tensor_batch"].items()}
-        meta = {key: _decode_value(value) for key, value in payload["meta_info"].items()}
-        return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+    Raises:
+        ValidationError: when the file is not in this format (e.g. a pickle written by upstream verl), or is
+            corrupt or from a newer version.
+    """
+    try:
+        payload = torch.load(filepath, weights_only=True, map_location="cpu")
+    except Exception as err:  # the unpickler raises several error types for foreign files
+        raise ValidationError(
+            f"load_from_disk: {os.fspath(filepath)!r} is not a DataProto file written by save_to_disk "
+            f"({type(err).__name__}: {err}). Pickled DataProtos (upstream verl's format) are refused because "
+            "loading them can run arbitrary code; re-save the data with DataProto.save_to_disk."
+        ) from err
+    if not isinstance(payload, dict) or payload.get("format") != _DISK_FORMAT:
+        raise ValidationError(f"load_from_disk: {os.fspath(filepath)!r} does not hold a {_DISK_FORMAT} archive.")
+    if payload.get("version") != _DISK_FORMAT_VERSION:
+        raise ValidationError(
+            f"load_from_disk: {os.fspath(filepath)!r} has format version {payload.get('version')!r}; this "
+            f"version of verl reads version {_DISK_FORMAT_VERSION}."
+        )
+    batch = None
+    if payload["batch"] is not None:
+        batch = TensorDict(payload["batch"]["tensors"], batch_size=payload["batch"]["batch_size"])
+    non_tensor = {key: _decode_array(value) for key, value in payload["non_tensor_batch"].items()}
+    meta = {key: _decode_value(value) for key, value in payload["meta_info"].items()}
+    return batch, non_tensor, meta
 
 
 # ---------------------------------------------------------------------------------------------- safe disk format
@@ -338,3 +311,86 @@ def _decode_value(value: Any) -> Any:
     raise ValidationError(
         f"load_from_disk: unknown value encoding {tag!r}; the file is corrupt or from a newer version."
     )
+
+
+# ---------------------------------------------------------------------------------------------- byte encoding
+
+
+def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """Encode a CPU tensor as ``(dtype name, shape, raw bytes)``.
+
+    Args:
+        obj: any dense CPU tensor, e.g. (B, S) int64.
+
+    Returns:
+        ``(dtype, shape, data)``: the dtype without its ``torch.`` prefix (``"bfloat16"``), the shape as a tuple,
+        and a 1-D uint8 numpy array holding the contiguous bytes (it may share memory with ``obj``).
+    """
+    data = obj.detach().flatten().contiguous().view(torch.uint8).numpy()
+    return str(obj.dtype).removeprefix("torch."), tuple(obj.shape), data
+
+
+def deserialize_single_tensor(arr: tuple[str, Sequence[int], Any]) -> torch.Tensor:
+    """Inverse of :func:`serialize_single_tensor`: a tensor of that dtype and shape (a fresh copy of the bytes).
+
+    Raises:
+        ValidationError: when the triple is malformed or names an unknown dtype.
+    """
+    if not isinstance(arr, (tuple, list)) or len(arr) != 3:
+        raise ValidationError(f"deserialize_single_tensor expects (dtype, shape, data), got {type(arr).__name__}.")
+    dtype_name, shape, data = arr
+    torch_dtype = getattr(torch, str(dtype_name), None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValidationError(f"deserialize_single_tensor: {dtype_name!r} is not a torch dtype name (e.g. 'float32').")
+    buffer = bytearray(data)
+    if not buffer:  # torch.frombuffer rejects empty buffers
+        return torch.empty(tuple(shape), dtype=torch_dtype)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(torch_dtype).view(tuple(shape))
+
+
+def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
+    """Encode a TensorDict of CPU tensors as ``(batch_size, device, {key: encoding})``.
+
+    A dense tensor's encoding is :func:`serialize_single_tensor`'s triple; a nested (jagged) tensor's is the pair
+    ``(layout name, [triple of each component])``.
+
+    Raises:
+        ValidationError: when a value is not a tensor (e.g. non-tensor data or a nested TensorDict).
+    """
+    encoded: dict[str, tuple] = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise ValidationError(
+                f"serialize_tensordict: {key!r} is a {type(value).__name__}; only tensors can be encoded."
+            )
+        if value.is_nested:
+            layout = str(value.layout).removeprefix("torch.")
+            encoded[key] = (layout, [serialize_single_tensor(part) for part in value.unbind()])
+        else:
+            encoded[key] = serialize_single_tensor(value)
+    device = str(batch.device) if batch.device is not None else None
+    return tuple(batch.batch_size), device, encoded
+
+
+def deserialize_tensordict(arr: tuple[Sequence[int], str | None, Mapping[str, tuple]]) -> TensorDict:
+    """Inverse of :func:`serialize_tensordict`.
+
+    Raises:
+        ValidationError: when an encoding is neither a dense triple nor a nested ``(layout, parts)`` pair.
+    """
+    batch_size, device, encoded = arr
+    decoded: dict[str, torch.Tensor] = {}
+    for key, value in encoded.items():
+        if len(value) == 3:
+            decoded[key] = deserialize_single_tensor(value)
+        elif len(value) == 2:
+            layout, parts = value
+            decoded[key] = torch.nested.as_nested_tensor(
+                [deserialize_single_tensor(part) for part in parts], layout=getattr(torch, layout)
+            )
+        else:
+            raise ValidationError(
+                f"deserialize_tensordict: encoding of {key!r} has {len(value)} fields; expected 3 (dense tensor) "
+                "or 2 (nested tensor)."
+            )
+    return TensorDict(decoded, batch_size=list(batch_size), device=device)

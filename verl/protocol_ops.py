@@ -1,9 +1,10 @@
-"""Functions on the parts of a DataProto: merging, comparing, padding, folding and byte-encoding.
+"""Functions on the parts of a DataProto: selecting, renaming, merging, comparing and folding.
 
 :mod:`verl.protocol` re-exports the public ones under verl's names, so ``from verl.protocol import
-union_numpy_dict`` works as in verl; import them from there. They take a DataProto (or its TensorDict / numpy
-parts) and build results with ``type(data)``, so subclasses of DataProto stay subclasses and this module needs no
-import of the class. Bad input raises :class:`verl.utils.errors.ValidationError` (a ``ValueError`` that is also an
+union_numpy_dict`` works as in verl; import them from there. They take and return tensors, numpy arrays,
+TensorDicts and dicts, never a DataProto (this module never imports it): the functions verl offers on a whole
+DataProto (``pad_dataproto_to_divisor``, ``fold_batch_dim``, ...) live in :mod:`verl.protocol` and call these. Bad
+input raises :class:`verl.utils.errors.ValidationError` (a ``ValueError`` that is also an
 ``AssertionError``, for code written against verl's asserts).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,21 +20,15 @@ from tensordict import TensorDict
 
 from verl.utils.errors import ValidationError
 
-if TYPE_CHECKING:
-    from verl.protocol import DataProto
-
 __all__ = [
-    "deserialize_single_tensor",
-    "deserialize_tensordict",
-    "fold_batch_dim",
+    "fold_parts",
     "list_of_dict_to_dict_of_list",
-    "pad_dataproto_to_divisor",
-    "serialize_single_tensor",
-    "serialize_tensordict",
-    "unfold_batch_dim",
+    "rename_keys",
+    "select_parts",
+    "unfold_parts",
     "union_numpy_dict",
+    "union_parts",
     "union_tensor_dict",
-    "unpad_dataproto",
 ]
 
 
@@ -276,80 +271,46 @@ def concat_meta_info(metas: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return meta
 
 
-# ---------------------------------------------------------------------------------------------- padding
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` to a multiple of ``size_divisor`` rows by appending copies of its first rows.
-
-    Rows are taken cyclically from the start, so a batch shorter than the padding still works: 3 rows padded to a
-    multiple of 7 become rows ``0 1 2 0 1 2 0``.
-
-    Returns:
-        ``(padded, pad_size)`` where ``len(padded) == len(data) + pad_size`` and ``pad_size < size_divisor``;
-        ``data`` itself when no padding is needed.
-
-    Raises:
-        ValidationError: when ``size_divisor`` is not positive, or padding is needed but ``data`` is empty.
-    """
-    if size_divisor <= 0:
-        raise ValidationError(f"size_divisor must be a positive integer, got {size_divisor}.")
-    length = len(data)
-    pad_size = (size_divisor - length % size_divisor) % size_divisor
-    if pad_size == 0:
-        return data, 0
-    if length == 0:
-        raise ValidationError("Cannot pad an empty DataProto: there are no rows to repeat.")
-    padding = data[np.arange(pad_size, dtype=np.int64) % length]
-    return type(data).concat([data, padding]), pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor` (``data`` itself for 0)."""
-    if pad_size < 0 or pad_size > len(data):
-        raise ValidationError(f"pad_size must be in [0, {len(data)}], got {pad_size}.")
-    if pad_size == 0:
-        return data
-    return data.slice(0, len(data) - pad_size)
-
-
 # ---------------------------------------------------------------------------------------------- fold / unfold
 
 
-def fold_batch_dim(data: DataProto, new_batch_size: int) -> DataProto:
-    """Group the ``B`` rows into ``new_batch_size`` rows of ``B // new_batch_size`` consecutive old rows each.
+def fold_parts(
+    batch: TensorDict | None, non_tensor: Mapping[str, np.ndarray], new_batch_size: int
+) -> tuple[TensorDict | None, dict[str, np.ndarray]]:
+    """Group ``B`` rows into ``new_batch_size`` rows of ``k = B // new_batch_size`` consecutive old rows each.
 
-    Every tensor (B, ...) becomes (new_batch_size, B // new_batch_size, ...), every non-tensor array likewise;
-    row ``i`` of the result holds old rows ``i * k .. i * k + k - 1`` with ``k = B // new_batch_size``. The input
-    is left unchanged; meta_info is shallow-copied. :func:`unfold_batch_dim` undoes it.
+    Every tensor (B, ...) becomes (new_batch_size, k, ...), every non-tensor array likewise; the inputs are left
+    unchanged. :func:`unfold_parts` undoes it.
 
     Raises:
-        ValidationError: when ``new_batch_size`` is not a positive divisor of ``len(data)``.
+        ValidationError: when ``new_batch_size`` is not a positive divisor of ``B``.
     """
-    length = len(data)
+    length = int(batch.batch_size[0]) if batch is not None else len(next(iter(non_tensor.values()), []))
     if new_batch_size <= 0 or length % new_batch_size != 0:
         raise ValidationError(
             f"fold_batch_dim: new_batch_size={new_batch_size} must be a positive divisor of the {length} rows."
         )
-    batch = None
-    if data.batch is not None:
+    folded = None
+    if batch is not None:
         tensors = {
             key: value.reshape(new_batch_size, length // new_batch_size, *value.shape[1:])
-            for key, value in data.batch.items()
+            for key, value in batch.items()
         }
-        batch = TensorDict(tensors, batch_size=[new_batch_size], device=data.batch.device)
-    non_tensor = {
+        folded = TensorDict(tensors, batch_size=[new_batch_size], device=batch.device)
+    arrays = {
         key: np.reshape(value, (new_batch_size, length // new_batch_size, *value.shape[1:]))
-        for key, value in data.non_tensor_batch.items()
+        for key, value in non_tensor.items()
     }
-    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+    return folded, arrays
 
 
-def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
-    """Merge the first ``batch_dims`` dimensions of every tensor and non-tensor array into one row dimension.
+def unfold_parts(
+    batch: TensorDict | None, non_tensor: Mapping[str, np.ndarray], batch_dims: int = 2
+) -> tuple[TensorDict | None, dict[str, np.ndarray]]:
+    """Merge the first ``batch_dims`` dimensions of every tensor and array into one row dimension (row-major).
 
-    A tensor (N, K, ...) becomes (N * K, ...) for ``batch_dims=2``, in row-major order, so
-    ``unfold_batch_dim(fold_batch_dim(data, n))`` gives ``data`` back. The input is left unchanged.
+    A tensor (N, K, ...) becomes (N * K, ...) for ``batch_dims=2``, so ``unfold_parts(*fold_parts(b, a, n))`` gives
+    the parts back. The inputs are left unchanged.
 
     Raises:
         ValidationError: when ``batch_dims < 1`` or the values disagree on their first ``batch_dims`` sizes.
@@ -357,8 +318,8 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     if batch_dims < 1:
         raise ValidationError(f"unfold_batch_dim: batch_dims must be >= 1, got {batch_dims}.")
     leading: dict[str, tuple[int, ...]] = {}
-    values: list[tuple[str, Any]] = list(data.batch.items()) if data.batch is not None else []
-    values += list(data.non_tensor_batch.items())
+    values: list[tuple[str, Any]] = list(batch.items()) if batch is not None else []
+    values += list(non_tensor.items())
     for key, value in values:
         if value.ndim < batch_dims:
             raise ValidationError(
@@ -368,14 +329,12 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     if len(set(leading.values())) > 1:
         raise ValidationError(f"unfold_batch_dim: the leading {batch_dims} dims differ between keys: {leading}.")
     rows = math.prod(next(iter(leading.values()))) if leading else 0
-    batch = None
-    if data.batch is not None:
-        tensors = {key: value.reshape(rows, *value.shape[batch_dims:]) for key, value in data.batch.items()}
-        batch = TensorDict(tensors, batch_size=[rows], device=data.batch.device)
-    non_tensor = {
-        key: np.reshape(value, (rows, *value.shape[batch_dims:])) for key, value in data.non_tensor_batch.items()
-    }
-    return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(data.meta_info))
+    unfolded = None
+    if batch is not None:
+        tensors = {key: value.reshape(rows, *value.shape[batch_dims:]) for key, value in batch.items()}
+        unfolded = TensorDict(tensors, batch_size=[rows], device=batch.device)
+    arrays = {key: np.reshape(value, (rows, *value.shape[batch_dims:])) for key, value in non_tensor.items()}
+    return unfolded, arrays
 
 
 def split_columns(key: str, value: Any, n_split: int) -> Any:
@@ -389,84 +348,73 @@ def split_columns(key: str, value: Any, n_split: int) -> Any:
     return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])
 
 
-# ---------------------------------------------------------------------------------------------- byte encoding
-
-
-def serialize_single_tensor(obj: torch.Tensor) -> tuple[str, tuple[int, ...], np.ndarray]:
-    """Encode a CPU tensor as ``(dtype name, shape, raw bytes)``.
-
-    Args:
-        obj: any dense CPU tensor, e.g. (B, S) int64.
-
-    Returns:
-        ``(dtype, shape, data)``: the dtype without its ``torch.`` prefix (``"bfloat16"``), the shape as a tuple,
-        and a 1-D uint8 numpy array holding the contiguous bytes (it may share memory with ``obj``).
-    """
-    data = obj.detach().flatten().contiguous().view(torch.uint8).numpy()
-    return str(obj.dtype).removeprefix("torch."), tuple(obj.shape), data
-
-
-def deserialize_single_tensor(arr: tuple[str, Sequence[int], Any]) -> torch.Tensor:
-    """Inverse of :func:`serialize_single_tensor`: a tensor of that dtype and shape (a fresh copy of the bytes).
+def rename_keys(batch: TensorDict | None, non_tensor: dict[str, Any], old: list[str], new: list[str]) -> None:
+    """Rename tensor or non-tensor keys ``old[i]`` to ``new[i]``, in place.
 
     Raises:
-        ValidationError: when the triple is malformed or names an unknown dtype.
+        ValidationError: when the key lists differ in length, an old key is missing, or a new key is taken.
     """
-    if not isinstance(arr, (tuple, list)) or len(arr) != 3:
-        raise ValidationError(f"deserialize_single_tensor expects (dtype, shape, data), got {type(arr).__name__}.")
-    dtype_name, shape, data = arr
-    torch_dtype = getattr(torch, str(dtype_name), None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValidationError(f"deserialize_single_tensor: {dtype_name!r} is not a torch dtype name (e.g. 'float32').")
-    buffer = bytearray(data)
-    if not buffer:  # torch.frombuffer rejects empty buffers
-        return torch.empty(tuple(shape), dtype=torch_dtype)
-    return torch.frombuffer(buffer, dtype=torch.uint8).view(torch_dtype).view(tuple(shape))
-
-
-def serialize_tensordict(batch: TensorDict) -> tuple[tuple[int, ...], str | None, dict[str, tuple]]:
-    """Encode a TensorDict of CPU tensors as ``(batch_size, device, {key: encoding})``.
-
-    A dense tensor's encoding is :func:`serialize_single_tensor`'s triple; a nested (jagged) tensor's is the pair
-    ``(layout name, [triple of each component])``.
-
-    Raises:
-        ValidationError: when a value is not a tensor (e.g. non-tensor data or a nested TensorDict).
-    """
-    encoded: dict[str, tuple] = {}
-    for key, value in batch.items():
-        if not isinstance(value, torch.Tensor):
-            raise ValidationError(
-                f"serialize_tensordict: {key!r} is a {type(value).__name__}; only tensors can be encoded."
-            )
-        if value.is_nested:
-            layout = str(value.layout).removeprefix("torch.")
-            encoded[key] = (layout, [serialize_single_tensor(part) for part in value.unbind()])
+    if len(old) != len(new):
+        raise ValidationError(f"rename needs as many new keys as old keys, got {old} -> {new}.")
+    batch_keys = list(batch.keys()) if batch is not None else []
+    check_keys_exist("batch or non_tensor_batch", old, batch_keys + list(non_tensor))
+    for old_key, new_key in zip(old, new):
+        if old_key == new_key:
+            continue
+        if new_key in batch_keys or new_key in non_tensor:
+            raise ValidationError(f"Cannot rename {old_key!r} to {new_key!r}: {new_key!r} already exists.")
+        if old_key in batch_keys:
+            batch.rename_key_(old_key, new_key)
+            batch_keys = list(batch.keys())
         else:
-            encoded[key] = serialize_single_tensor(value)
-    device = str(batch.device) if batch.device is not None else None
-    return tuple(batch.batch_size), device, encoded
+            non_tensor[new_key] = non_tensor.pop(old_key)
 
 
-def deserialize_tensordict(arr: tuple[Sequence[int], str | None, Mapping[str, tuple]]) -> TensorDict:
-    """Inverse of :func:`serialize_tensordict`.
+def select_parts(
+    batch: TensorDict | None,
+    non_tensor: Mapping[str, np.ndarray],
+    meta_info: Mapping[str, Any],
+    batch_keys: str | Iterable[str] | None,
+    non_tensor_keys: str | Iterable[str] | None,
+    meta_keys: str | Iterable[str] | None,
+) -> tuple[TensorDict | None, dict[str, np.ndarray], dict[str, Any]]:
+    """The named keys of each part (None keeps the whole part); tensors are shared, not copied.
+
+    As in verl, ``non_tensor_keys`` and ``meta_keys`` act as filters: names that are absent are skipped.
 
     Raises:
-        ValidationError: when an encoding is neither a dense triple nor a nested ``(layout, parts)`` pair.
+        ValidationError: naming any batch (tensor) key that does not exist, with the available keys.
     """
-    batch_size, device, encoded = arr
-    decoded: dict[str, torch.Tensor] = {}
-    for key, value in encoded.items():
-        if len(value) == 3:
-            decoded[key] = deserialize_single_tensor(value)
-        elif len(value) == 2:
-            layout, parts = value
-            decoded[key] = torch.nested.as_nested_tensor(
-                [deserialize_single_tensor(part) for part in parts], layout=getattr(torch, layout)
-            )
-        else:
-            raise ValidationError(
-                f"deserialize_tensordict: encoding of {key!r} has {len(value)} fields; expected 3 (dense tensor) "
-                "or 2 (nested tensor)."
-            )
-    return TensorDict(decoded, batch_size=list(batch_size), device=device)
+    if batch_keys is not None:
+        keys = as_key_list(batch_keys)
+        check_keys_exist("batch", keys, batch.keys() if batch is not None else [])
+        if batch is not None:
+            batch = batch.select(*keys)
+    arrays = dict(non_tensor)
+    if non_tensor_keys is not None:
+        wanted = set(as_key_list(non_tensor_keys))
+        arrays = {key: value for key, value in arrays.items() if key in wanted}
+    meta = dict(meta_info)
+    if meta_keys is not None:
+        wanted = set(as_key_list(meta_keys))
+        meta = {key: value for key, value in meta.items() if key in wanted}
+    return batch, arrays, meta
+
+
+def union_parts(
+    mine: tuple[TensorDict | None, Mapping[str, np.ndarray], Mapping[str, Any]],
+    other: tuple[TensorDict | None, Mapping[str, np.ndarray], Mapping[str, Any]],
+) -> tuple[TensorDict | None, dict[str, np.ndarray], dict[str, Any]]:
+    """Merged copies of two batches' parts ``(batch, non_tensor_batch, meta_info)``; neither input changes.
+
+    The merged batch is None when either side has no tensors. Keys in both must hold equal values.
+
+    Raises:
+        ValidationError: when a key present in both holds different values (the key is named).
+    """
+    merged_batch = None
+    if mine[0] is not None and other[0] is not None:
+        merged_batch = union_tensor_dict(mine[0].copy(), other[0])
+    non_tensor = union_numpy_dict(dict(mine[1]), other[1])
+    meta = union_meta_info(dict(mine[2]), other[2])
+    return merged_batch, non_tensor, meta

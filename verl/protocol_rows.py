@@ -1,32 +1,45 @@
-"""Splitting, joining, repeating and padding the rows of a DataProto, and verl's auto-padding switch.
+"""Row arithmetic behind DataProto's rearrangements, and verl's auto-padding switch.
 
-:class:`DataProtoRowsMixin` holds the methods of :class:`verl.protocol.DataProto` that rearrange whole rows
+The functions here work on the parts of a batch (a ``TensorDict`` or None, and a dict of numpy arrays) or on row
+counts, and return parts, row-id arrays or ``(start, end)`` bounds; :class:`verl.protocol.DataProto`'s methods
 (``chunk``, ``split``, ``concat``, ``repeat``, ``sample_level_repeat``, ``unfold_column_chunks``, ``reorder``,
-``padding``); DataProto inherits them, so they are called as verl's methods. Every method moves the tensors and the
-non-tensor arrays together and copies meta_info to its result. :class:`DataProtoConfig` is verl's process-wide
-auto-padding switch, which lets :meth:`~DataProtoRowsMixin.chunk` split into parts one row apart.
+``padding``) call them and wrap the result, so this module never imports DataProto. Every function moves the
+tensors and the non-tensor arrays together. :class:`DataProtoConfig` is verl's process-wide auto-padding switch,
+which lets ``chunk`` split into parts one row apart.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verl.protocol_ops import as_key_list, check_keys_exist, concat_meta_info, normalize_index, split_columns
+from verl.protocol_ops import as_key_list, as_non_tensor_array, check_keys_exist, concat_meta_info, split_columns
 from verl.utils.errors import ValidationError
 
-if TYPE_CHECKING:
-    from verl.protocol import DataProto
-
-__all__ = ["DataProtoConfig", "DataProtoRowsMixin"]
+__all__ = [
+    "DataProtoConfig",
+    "check_part_lengths",
+    "chunk_bounds",
+    "concat_parts",
+    "pad_to_divisor_rows",
+    "padding_rows",
+    "parts_from_dicts",
+    "split_single_dict",
+    "repeat_rows",
+    "sample_repeat_rows",
+    "take_rows",
+    "unfold_column_parts",
+]
 
 # the environment variable that turns auto padding on for every DataProto in the process, as in verl
 _AUTO_PADDING_ENV = "VERL_AUTO_PADDING"
+
+Parts = tuple[TensorDict | None, dict[str, np.ndarray]]
 
 
 class _DataProtoConfigMeta(type):
@@ -54,167 +67,222 @@ class DataProtoConfig(metaclass=_DataProtoConfigMeta):
     _auto_padding = False
 
 
-class DataProtoRowsMixin:
-    """Row rearrangements; see :class:`verl.protocol.DataProto` for the attributes they read."""
+def take_rows(batch: TensorDict | None, non_tensor: Mapping[str, np.ndarray], index: np.ndarray | slice) -> Parts:
+    """The rows ``index`` (1-D int64 row ids or a slice) of both parts."""
+    if batch is not None:
+        batch = batch[index] if isinstance(index, slice) else batch[torch.from_numpy(index)]
+    return batch, {key: value[index] for key, value in non_tensor.items()}
 
-    batch: TensorDict | None
-    non_tensor_batch: dict[str, np.ndarray]
-    meta_info: dict[str, Any]
 
-    # ------------------------------------------------------------------ splitting and joining
+def padding_rows(num_rows: int, padding_size: int, padding_candidate: str) -> np.ndarray:
+    """Row ids to append for ``padding(padding_size, padding_candidate)``: copies of the first or last row.
 
-    def is_padding_enabled(self) -> bool:
-        """Whether :meth:`chunk` may split unequally: set for this DataProto (``from_dict(auto_padding=True)``)
-        or process-wide (``DataProtoConfig.auto_padding``, ``VERL_AUTO_PADDING``)."""
-        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or DataProtoConfig.auto_padding
+    Raises:
+        ValidationError: for a negative size, another candidate name, or padding an empty batch.
+    """
+    if padding_size < 0 or padding_candidate not in ("", "first", "last"):
+        raise ValidationError(
+            f"padding(padding_size={padding_size}, padding_candidate={padding_candidate!r}): the size must be "
+            "a non-negative integer and the candidate 'first' or 'last' (or '' for the last row)."
+        )
+    if padding_size and num_rows == 0:
+        raise ValidationError("Cannot pad an empty DataProto: there is no row to repeat.")
+    row = 0 if padding_candidate == "first" else num_rows - 1
+    return np.full(padding_size, row, dtype=np.int64)
 
-    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
-        """Append ``padding_size`` copies of the first (``"first"``) or last (``"last"``, or ``""`` as in verl)
-        row, in place; meta_info is unchanged.
 
-        Raises:
-            ValidationError: for a negative size, another candidate name, or padding an empty DataProto.
-        """
-        if padding_size < 0 or padding_candidate not in ("", "first", "last"):
+def chunk_bounds(num_rows: int, chunks: int, allow_unequal: bool) -> list[tuple[int, int]]:
+    """``(start, end)`` of ``chunks`` consecutive parts: equal, or (``allow_unequal``) one row apart, the longer
+    ones first (7 rows in 3 parts: 3, 2, 2).
+
+    Raises:
+        ValidationError: when ``chunks`` is not positive, or does not divide ``num_rows`` and unequal parts are not
+            allowed.
+    """
+    if chunks <= 0:
+        raise ValidationError(f"chunk: chunks must be a positive integer, got {chunks}.")
+    if num_rows % chunks != 0 and not allow_unequal:
+        raise ValidationError(
+            f"chunk({chunks}): the DataProto has {num_rows} rows, which is not divisible into {chunks} equal "
+            "chunks. Pad it first with pad_dataproto_to_divisor, pick a divisor of the length, or enable auto "
+            "padding (DataProto.from_dict(..., auto_padding=True)) to accept parts one row apart."
+        )
+    size, num_longer = divmod(num_rows, chunks)
+    bounds = np.cumsum([0] + [size + (i < num_longer) for i in range(chunks)])
+    return [(int(bounds[i]), int(bounds[i + 1])) for i in range(chunks)]
+
+
+def concat_parts(
+    batches: Sequence[TensorDict | None], non_tensors: Sequence[Mapping[str, np.ndarray]], metas: Sequence[Mapping]
+) -> tuple[TensorDict | None, dict[str, np.ndarray], dict[str, Any]]:
+    """The parts of a row-wise concatenation; meta_info merged by :func:`~verl.protocol_ops.concat_meta_info`.
+
+    Raises:
+        ValidationError: for no parts at all, or parts whose tensor / non-tensor keys differ.
+    """
+    if not batches:
+        raise ValidationError("DataProto.concat needs at least one DataProto, got an empty list.")
+    first_keys = set(batches[0].keys()) if batches[0] is not None else None
+    for i, (batch, non_tensor) in enumerate(zip(batches[1:], non_tensors[1:]), start=1):
+        part_keys = set(batch.keys()) if batch is not None else None
+        if first_keys != part_keys or set(non_tensors[0]) != set(non_tensor):
             raise ValidationError(
-                f"padding(padding_size={padding_size}, padding_candidate={padding_candidate!r}): the size must be "
-                "a non-negative integer and the candidate 'first' or 'last' (or '' for the last row)."
+                f"DataProto.concat: part {i} has keys batch={part_keys}, non_tensor={sorted(non_tensor)}"
+                f" but part 0 has batch={first_keys}, non_tensor={sorted(non_tensors[0])}."
             )
-        if padding_size == 0:
-            return
-        if len(self) == 0:
-            raise ValidationError("Cannot pad an empty DataProto: there is no row to repeat.")
-        row = 0 if padding_candidate == "first" else len(self) - 1
-        padded = type(self).concat([self, self._take_rows(np.full(padding_size, row, dtype=np.int64))])
-        self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+    batch = torch.cat(list(batches), dim=0) if batches[0] is not None else None
+    non_tensor = {key: np.concatenate([part[key] for part in non_tensors], axis=0) for key in non_tensors[0]}
+    return batch, non_tensor, concat_meta_info(metas)
 
-    def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into ``chunks`` consecutive parts; each carries a copy of meta_info.
 
-        The parts are equal unless auto padding is enabled (:meth:`is_padding_enabled`); then ``B`` rows split
-        into parts whose sizes differ by at most one row, the longer ones first (7 rows in 3 parts: 3, 2, 2).
+def repeat_rows(num_rows: int, repeat_times: int, interleave: bool) -> np.ndarray:
+    """Row ids repeating every row ``repeat_times`` times: interleaved ``[a, a, b, b]`` or tiled ``[a, b, a, b]``."""
+    if repeat_times <= 0:
+        raise ValidationError(f"repeat_times must be a positive integer, got {repeat_times}.")
+    rows = np.arange(num_rows, dtype=np.int64)
+    return np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times)
 
-        Raises:
-            ValidationError: when ``chunks`` is not positive, or does not divide ``len(self)`` without auto padding.
-        """
-        num_rows = len(self)
-        if chunks <= 0:
-            raise ValidationError(f"chunk: chunks must be a positive integer, got {chunks}.")
-        if num_rows % chunks != 0 and not self.is_padding_enabled():
-            raise ValidationError(
-                f"chunk({chunks}): the DataProto has {num_rows} rows, which is not divisible into {chunks} equal "
-                "chunks. Pad it first with pad_dataproto_to_divisor, pick a divisor of the length, or enable auto "
-                "padding (DataProto.from_dict(..., auto_padding=True)) to accept parts one row apart."
-            )
-        size, num_longer = divmod(num_rows, chunks)
-        bounds = np.cumsum([0] + [size + (i < num_longer) for i in range(chunks)])
-        return [self.slice(int(bounds[i]), int(bounds[i + 1])) for i in range(chunks)]
 
-    def split(self, split_size: int) -> list[DataProto]:
-        """Split into parts of ``split_size`` rows; the last part may be shorter."""
-        if split_size <= 0:
-            raise ValidationError(f"split_size must be a positive integer, got {split_size}.")
-        return [self.slice(start, start + split_size) for start in range(0, len(self), split_size)]
+def sample_repeat_rows(num_rows: int, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+    """Row ids repeating row ``i`` ``repeat_times[i]`` times, in order (``[2, 0, 1]`` gives ``[0, 0, 2]``).
 
-    @staticmethod
-    def concat(data: Sequence[DataProto]) -> DataProto:
-        """Concatenate along rows and merge the parts' meta_info.
+    Raises:
+        ValidationError: when ``repeat_times`` is not ``num_rows`` non-negative integers.
+    """
+    if isinstance(repeat_times, torch.Tensor):
+        repeat_times = repeat_times.detach().cpu().numpy()
+    counts = np.asarray(repeat_times)
+    valid = counts.ndim == 1 and len(counts) == num_rows
+    if valid and counts.size:
+        valid = np.issubdtype(counts.dtype, np.integer) and bool((counts >= 0).all())
+    if not valid:
+        raise ValidationError(
+            f"sample_level_repeat: repeat_times must hold one non-negative integer per row ({num_rows}), got "
+            f"{counts.tolist()!r:.120}."
+        )
+    return np.repeat(np.arange(num_rows, dtype=np.int64), counts.astype(np.int64))
 
-        meta_info is merged as verl does: every key except ``"metrics"`` must have the same value in all parts
-        that have it; ``"metrics"`` (a dict, or a list of dicts, per part, e.g. one per worker) are gathered into
-        one dict of lists, ``{"loss": [loss_part0, loss_part1, ...]}``.
 
-        Raises:
-            ValidationError: for an empty list, parts whose tensor / non-tensor keys differ, or a meta_info key
-                with different values in two parts ("Conflicting values for meta_info key ...").
-        """
-        if not data:
-            raise ValidationError("DataProto.concat needs at least one DataProto, got an empty list.")
-        first = data[0]
-        for i, part in enumerate(data[1:], start=1):
-            first_keys = set(first.batch.keys()) if first.batch is not None else None
-            part_keys = set(part.batch.keys()) if part.batch is not None else None
-            if first_keys != part_keys or set(first.non_tensor_batch) != set(part.non_tensor_batch):
-                raise ValidationError(
-                    f"DataProto.concat: part {i} has keys batch={part_keys}, non_tensor={sorted(part.non_tensor_batch)}"
-                    f" but part 0 has batch={first_keys}, non_tensor={sorted(first.non_tensor_batch)}."
-                )
-        batch = torch.cat([part.batch for part in data], dim=0) if first.batch is not None else None
-        non_tensor = {
-            key: np.concatenate([part.non_tensor_batch[key] for part in data], axis=0) for key in first.non_tensor_batch
+def unfold_column_parts(
+    batch: TensorDict | None, non_tensor: Mapping[str, np.ndarray], n_split: int, split_keys: Sequence[str] | None
+) -> Parts:
+    """The parts of ``unfold_column_chunks``: split keys (B, C, ...) -> (B * n_split, C // n_split, ...), row ``i``'s
+    column chunk ``j`` landing in row ``i * n_split + j``; every other value repeated ``n_split`` times, interleaved.
+
+    Raises:
+        ValidationError: for ``n_split < 1``, an unknown split key, or a split key whose dim 1 is missing or not
+            divisible by ``n_split``.
+    """
+    if n_split < 1:
+        raise ValidationError(f"unfold_column_chunks: n_split must be a positive integer, got {n_split}.")
+    keys = as_key_list(split_keys)
+    tensor_keys = list(batch.keys()) if batch is not None else []
+    check_keys_exist("batch or non_tensor_batch", keys, tensor_keys + list(non_tensor))
+    num_rows = int(batch.batch_size[0]) if batch is not None else len(next(iter(non_tensor.values()), []))
+    unfolded = None
+    if batch is not None:
+        tensors = {
+            key: split_columns(key, value, n_split) if key in keys else value.repeat_interleave(n_split, dim=0)
+            for key, value in batch.items()
         }
-        meta = concat_meta_info([part.meta_info for part in data])
-        return type(first)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+        unfolded = TensorDict(tensors, batch_size=[num_rows * n_split], device=batch.device)
+    arrays = {
+        key: split_columns(key, value, n_split) if key in keys else np.repeat(value, n_split, axis=0)
+        for key, value in non_tensor.items()
+    }
+    return unfolded, arrays
 
-    # ------------------------------------------------------------------ repeating and reshaping rows
 
-    def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
-        """Repeat every row ``repeat_times`` times: interleaved ``[a, a, b, b]`` or tiled ``[a, b, a, b]``."""
-        if repeat_times <= 0:
-            raise ValidationError(f"repeat_times must be a positive integer, got {repeat_times}.")
-        rows = np.arange(len(self), dtype=np.int64)
-        index = np.repeat(rows, repeat_times) if interleave else np.tile(rows, repeat_times)
-        return self._take_rows(index)
+def check_part_lengths(batch: TensorDict | None, non_tensor: Mapping[str, Any]) -> None:
+    """Check that every tensor and non-tensor array of a batch has the same number of rows.
 
-    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
-        """Repeat row ``i`` ``repeat_times[i]`` times, keeping the rows in order (``[2, 0, 1]`` gives
-        ``[a, a, c]``).
-
-        Args:
-            repeat_times: a list, tuple, 1-D ndarray or 1-D tensor of ``B`` non-negative integers.
-
-        Raises:
-            ValidationError: when ``repeat_times`` is not ``B`` non-negative integers.
-        """
-        if isinstance(repeat_times, torch.Tensor):
-            repeat_times = repeat_times.detach().cpu().numpy()
-        counts = np.asarray(repeat_times)
-        valid = counts.ndim == 1 and len(counts) == len(self)
-        if valid and counts.size:
-            valid = np.issubdtype(counts.dtype, np.integer) and bool((counts >= 0).all())
-        if not valid:
+    Raises:
+        ValidationError: when the batch is not 1-D, a non-tensor value is not a numpy array, or lengths differ.
+    """
+    lengths: dict[str, int] = {}
+    if batch is not None:
+        if len(batch.batch_size) != 1:
+            shape = list(batch.batch_size)
+            raise ValidationError(f"DataProto.batch must have exactly one batch dimension, got batch_size={shape}.")
+        lengths["batch"] = int(batch.batch_size[0])
+    for key, value in non_tensor.items():
+        if not isinstance(value, np.ndarray):
             raise ValidationError(
-                f"sample_level_repeat: repeat_times must hold one non-negative integer per row ({len(self)}), got "
-                f"{counts.tolist()!r:.120}."
+                f"non_tensor_batch[{key!r}] must be a numpy array, got {type(value).__name__}; "
+                "wrap lists with DataProto.from_dict / from_single_dict, which convert them to object arrays."
             )
-        return self._take_rows(np.repeat(np.arange(len(self), dtype=np.int64), counts.astype(np.int64)))
+        if value.ndim == 0:
+            raise ValidationError(f"non_tensor_batch[{key!r}] is a 0-d array; it needs one entry per row.")
+        lengths[key] = len(value)
+    if len(set(lengths.values())) > 1:
+        raise ValidationError(
+            f"DataProto parts have different numbers of rows: {lengths}. "
+            "Every tensor and non-tensor array must have the same length along dim 0."
+        )
 
-    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
-        """Cut the columns (dim 1) of ``split_keys`` into ``n_split`` chunks that become rows; repeat the rest.
 
-        Each row becomes ``n_split`` consecutive rows: a split key of shape (B, C, ...) becomes
-        (B * n_split, C // n_split, ...), row ``i``'s column chunk ``j`` landing in row ``i * n_split + j``;
-        every other tensor and array is repeated ``n_split`` times (interleaved). Useful to pass groups that must
-        not be shuffled apart. Works on tensors and on non-tensor arrays alike (a list of equal-length lists given
-        to :meth:`from_dict` is 2-D).
+def parts_from_dicts(tensors: Mapping[str, torch.Tensor] | None, non_tensors: Any, num_batch_dims: int = 1) -> Parts:
+    """The parts of ``DataProto.from_dict``: a TensorDict of the tensors (each (B, ...)), and the non-tensors with
+    lists and tuples converted as verl converts them (:func:`~verl.protocol_ops.as_non_tensor_array`).
 
-        Raises:
-            ValidationError: for ``n_split < 1``, an unknown split key, or a split key whose dim 1 is missing or
-                not divisible by ``n_split``.
-        """
-        if n_split < 1:
-            raise ValidationError(f"unfold_column_chunks: n_split must be a positive integer, got {n_split}.")
-        keys = as_key_list(split_keys)
-        tensor_keys = list(self.batch.keys()) if self.batch is not None else []
-        check_keys_exist("batch or non_tensor_batch", keys, tensor_keys + list(self.non_tensor_batch))
-        batch = None
-        if self.batch is not None:
-            tensors = {
-                key: split_columns(key, value, n_split) if key in keys else value.repeat_interleave(n_split, dim=0)
-                for key, value in self.batch.items()
-            }
-            batch = TensorDict(tensors, batch_size=[len(self) * n_split], device=self.batch.device)
-        non_tensor = {
-            key: split_columns(key, value, n_split) if key in keys else np.repeat(value, n_split, axis=0)
-            for key, value in self.non_tensor_batch.items()
-        }
-        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
+    Raises:
+        ValidationError: when ``num_batch_dims != 1`` (a DataProto has one batch dimension), ``non_tensors`` is not
+            a mapping, a tensor has no row dimension, or the tensors disagree on B.
+    """
+    if num_batch_dims != 1:
+        raise ValidationError(
+            f"from_dict: num_batch_dims={num_batch_dims} is not supported; a DataProto has exactly one batch "
+            "dimension. Build it with num_batch_dims=1 and use fold_batch_dim to group rows."
+        )
+    if non_tensors is not None and not isinstance(non_tensors, Mapping):
+        raise ValidationError(f"from_dict: non_tensors must be a dict, got {type(non_tensors).__name__}.")
+    tensors = dict(tensors or {})
+    batch = None
+    if tensors:
+        for key, value in tensors.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0:
+                raise ValidationError(f"tensors[{key!r}] must be a tensor with a row dimension, got {value!r:.80}.")
+        sizes = {key: int(value.shape[0]) for key, value in tensors.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValidationError(f"Tensors have different numbers of rows (dim 0): {sizes}; they must all match.")
+        batch = TensorDict(tensors, batch_size=[next(iter(sizes.values()))])
+    converted = {
+        key: as_non_tensor_array(value) if isinstance(value, (list, tuple)) else value
+        for key, value in (non_tensors or {}).items()
+    }
+    return batch, converted
 
-    def reorder(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
-        """Permute rows in place (row ``i`` becomes old row ``indices[i]``) and return ``self``."""
-        index = normalize_index(indices, len(self))
-        if len(index) != len(self):
-            raise ValidationError(f"reorder needs {len(self)} indices (one per row), got {len(index)}.")
-        reordered = self._take_rows(index)
-        self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
-        return self
+
+def split_single_dict(data: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``DataProto.from_single_dict``'s split of one dict into tensors and non-tensors (arrays, lists, tuples).
+
+    Raises:
+        ValidationError: for a value that is neither a tensor, a numpy array nor a list/tuple.
+    """
+    tensors, non_tensors = {}, {}
+    for key, value in data.items():
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, (np.ndarray, list, tuple)):
+            non_tensors[key] = value
+        else:
+            raise ValidationError(
+                f"from_single_dict: value for {key!r} has type {type(value).__name__}; accepted are "
+                "torch.Tensor, np.ndarray, list and tuple. Put batch-wide scalars into meta_info instead."
+            )
+    return tensors, non_tensors
+
+
+def pad_to_divisor_rows(num_rows: int, size_divisor: int) -> np.ndarray:
+    """Row ids to append so that ``num_rows`` becomes a multiple of ``size_divisor``: the first rows, cyclically
+    (3 rows to a multiple of 7: ``0 1 2 0``); empty when no padding is needed.
+
+    Raises:
+        ValidationError: when ``size_divisor`` is not positive, or padding is needed but there are no rows.
+    """
+    if size_divisor <= 0:
+        raise ValidationError(f"size_divisor must be a positive integer, got {size_divisor}.")
+    pad_size = (size_divisor - num_rows % size_divisor) % size_divisor
+    if pad_size and num_rows == 0:
+        raise ValidationError("Cannot pad an empty DataProto: there are no rows to repeat.")
+    return np.arange(pad_size, dtype=np.int64) % max(num_rows, 1)

@@ -145,3 +145,32 @@ def test_data_parallel_layout_leaves_other_modes_alone():
 def test_a_data_parallel_layout_without_one_collector_per_group_is_refused():
     with pytest.raises(ValueError, match="exactly one collecting rank each"):
         plan_call(spec_of(Dispatch.DP_COMPUTE_PROTO), 2, (make_batch(2),), {}, [(0, False), (0, False)])
+
+
+def test_registered_methods_resolve_along_the_mro():
+    from verl.single_controller.decorator import Dispatch, register, registered_methods
+
+    class Base:
+        @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+        def compute(self, data):
+            return data
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def save(self, path):
+            return path
+
+    class Plain(Base):
+        def compute(self, data):  # no decorator: keeps DP_COMPUTE_PROTO
+            return super().compute(data)
+
+    class Redecorated(Plain):
+        @register(dispatch_mode=Dispatch.RANK_ZERO)
+        def save(self, path):
+            return path
+
+    assert {name: spec.dispatch_mode for name, spec in registered_methods(Plain).items()} == {
+        "compute": Dispatch.DP_COMPUTE_PROTO,
+        "save": Dispatch.ONE_TO_ALL,
+    }
+    assert registered_methods(Redecorated)["save"].dispatch_mode is Dispatch.RANK_ZERO
+    assert registered_methods(Redecorated)["compute"].dispatch_mode is Dispatch.DP_COMPUTE_PROTO

@@ -27,7 +27,7 @@ def dp_actor_fire_drill(rank: int, world_size: int, port: int, result_queue) -> 
         batch = ppo_batch(seed=rank)  # each rank trains on its own data
         batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
         for _ in range(8):
-            metrics = actor.update_policy(batch)
+            metrics = actor.update_policy(batch).metrics
             seen.append((actor.num_update_steps, metrics["actor/update_failed"]))
     except UpdateFailedError as err:
         raised_at = err.step

@@ -126,10 +126,10 @@ def _overflow_in_one_shard(rank: int) -> dict:
         fault_injection={"nonfinite_grad_steps": [2], "ranks": [1]},
     )
     batch = _batch(actor, rank)
-    first = actor.update_policy(batch)
+    first = actor.update_policy(batch).metrics
     params, moments = _local_bytes_of(actor.actor_module), _optimizer_bytes(actor.optimizer.optimizer)
     step_counts = [float(s["step"]) for s in actor.optimizer.optimizer.state.values()]
-    second = actor.update_policy(batch)
+    second = actor.update_policy(batch).metrics
     return {
         "failed": [first["actor/update_failed"], second["actor/update_failed"]],
         "local_found_inf": actor.optimizer.local_found_inf,
@@ -150,7 +150,7 @@ def _strict_stop(rank: int) -> dict:
     update_failed = []
     try:
         for _ in range(5):
-            update_failed.append(actor.update_policy(batch)["actor/update_failed"])
+            update_failed.append(actor.update_policy(batch).metrics["actor/update_failed"])
     except UpdateFailedError as err:
         return {"raised_at": err.step, "update_failed": update_failed}
     return {"raised_at": None, "update_failed": update_failed}
@@ -177,9 +177,9 @@ def _critic_overflow(rank: int) -> dict:
         rank=rank,
     )
     batch = value_batch(seed=rank)
-    failed = [critic.update_critic(batch)["critic/update_failed"]]
+    failed = [critic.update_critic(batch).metrics["critic/update_failed"]]
     params = _local_bytes_of(critic.critic_module)
-    failed.append(critic.update_critic(batch)["critic/update_failed"])
+    failed.append(critic.update_critic(batch).metrics["critic/update_failed"])
     return {"failed": failed, "params_unchanged": params == _local_bytes_of(critic.critic_module)}
 
 
@@ -192,7 +192,7 @@ def _padding_free(rank: int) -> dict:
     if rank == 1:  # end three more responses early: fewer real tokens to pack on this rank
         batch.batch["attention_mask"][2:5, -1] = 0
         batch.batch["response_mask"][2:5, -1] = 0
-    metrics = [actor.update_policy(batch) for actor in actors]
+    metrics = [actor.update_policy(batch).metrics for actor in actors]
     full = [{k: v.full_tensor() for k, v in a.actor_module.state_dict().items()} for a in actors]
     return {
         "num_real_tokens": int(batch.batch["attention_mask"].sum()),
@@ -287,13 +287,13 @@ def _resume(rank: int, root: Path) -> dict:
     saved = {"params": _local_bytes_of(actor.actor_module), "moments": _optimizer_bytes(actor.optimizer.optimizer)}
     actor.save_checkpoint(root / "actor")
     dist.barrier()
-    straight = [actor.update_policy(b) for b in batches[2:]]
+    straight = [actor.update_policy(b).metrics for b in batches[2:]]
 
     resumed = _actor(seed=1, **overrides)  # other initial weights: only the checkpoint can make them equal
     resumed.load_checkpoint(root / "actor")
     loaded = {"params": _local_bytes_of(resumed.actor_module), "moments": _optimizer_bytes(resumed.optimizer.optimizer)}
     state_after_load = (resumed.optimizer.get_loss_scale(), resumed.num_update_steps, resumed.lr_scheduler.last_epoch)
-    again = [resumed.update_policy(b) for b in batches[2:]]
+    again = [resumed.update_policy(b).metrics for b in batches[2:]]
     files = sorted(p.name for p in (root / "actor" / "sharded").iterdir())
     return {
         "round_trip": loaded == saved,
@@ -342,10 +342,10 @@ def _cuda_train_and_resume(rank: int, root: Path, name: str, **overrides) -> dic
     overrides = {"dtype": "float16", "optim": {"initial_loss_scale": 1024.0}, **overrides}
     actor = _actor(device="cuda", **overrides)
     batches = [_batch(actor, rank, seed_offset=i, device="cuda") for i in range(3)]
-    update_failed = [actor.update_policy(b)["actor/update_failed"] for b in batches[:2]]
+    update_failed = [actor.update_policy(b).metrics["actor/update_failed"] for b in batches[:2]]
     actor.save_checkpoint(root / name)
     dist.barrier()
-    update_failed.append(actor.update_policy(batches[2])["actor/update_failed"])
+    update_failed.append(actor.update_policy(batches[2]).metrics["actor/update_failed"])
     resumed = _actor(seed=1, device="cuda", **overrides)
     resumed.load_checkpoint(root / name)
     resumed.update_policy(batches[2])

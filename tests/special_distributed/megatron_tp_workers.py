@@ -88,7 +88,7 @@ def lora_update(rank: int, tp: int, ckpt_dir: str) -> dict:
     with actor.adapters_off()():
         base, _ = actor.compute_log_prob(batch)
     batch.batch["old_log_probs"] = log_probs
-    metrics = actor.update_policy(batch)
+    metrics = actor.update_policy(batch).metrics
     with actor.adapters_off()():
         base_after, _ = actor.compute_log_prob(batch)
     result = {
@@ -140,7 +140,7 @@ def update_and_checkpoint(rank: int, tp: int, ckpt_dir: str) -> dict:
     batch = ppo_batch(seed=0)
     log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
     batch.batch["old_log_probs"] = log_probs
-    metrics = actor.update_policy(batch)
+    metrics = actor.update_policy(batch).metrics
     after, _ = actor.compute_log_prob(batch)
     result = {
         "log_probs": log_probs.numpy().tobytes(),
@@ -165,7 +165,7 @@ def fused_update(rank: int, tp: int) -> dict:
     batch = ppo_batch(seed=0)
     log_probs, entropy = actor.compute_log_prob(batch, calculate_entropy=True)
     batch.batch["old_log_probs"] = log_probs
-    metrics = actor.update_policy(batch)
+    metrics = actor.update_policy(batch).metrics
     return {
         "log_probs": log_probs.numpy().tobytes(),
         "entropy": entropy.numpy().tobytes(),
@@ -196,7 +196,7 @@ def nan_on_one_rank(rank: int, world_size: int, port: int, tp: int, result_queue
         for step in range(1, 4):
             if step == 2:
                 before_step_2 = _hf_bytes(actor, hf_model.config)
-            metrics = actor.update_policy(batch)
+            metrics = actor.update_policy(batch).metrics
             seen.append((actor.num_update_steps, metrics["actor/update_failed"]))
             if step == 2:
                 weights = (before_step_2, _hf_bytes(actor, hf_model.config))
@@ -308,7 +308,7 @@ def critic_update(rank: int, layout, ckpt_dir: str) -> dict:
     critic = make(0)
     batch = value_batch(seed=0)
     values = critic.compute_values(batch)
-    metrics = critic.update_critic(batch)
+    metrics = critic.update_critic(batch).metrics
     state = {k: v for k, v in critic.model_module().state_dict().items() if torch.is_tensor(v)}
     whole = gather_model_parallel_state_dict(critic.model_module(), state)
     result = {

@@ -93,11 +93,12 @@ def test_dp_fp16_run_logs_the_policy_metrics(tmp_path):
     # fp16 from loss scale 2**32: the first update overflows and is skipped, and the policy counts it
     assert records[0]["actor/update_failed"] == 1.0
     assert records[0]["actor/loss_scale"] == 2.0**32
-    assert records[-1]["actor/update_failures_total"] >= 1
     assert any("val/score/mean" in r for r in metrics_of(out_dir))
     assert (out_dir / "training_curves.png").stat().st_size > 0
-    # every update of these 3 steps overflowed at 2**32: exit 0, but the run says so and says why
-    assert "updates over the run: actor 0 applied, 3 skipped" in proc.stderr
+    # every update of these 3 steps overflowed at 2**32 (one update per step: 3 attempted, 3 failed, 0 applied)
+    assert [r["actor/num_updates_attempted"] for r in records] == [1.0, 2.0, 3.0]
+    assert [r["actor/update_failures_total"] for r in records] == [1.0, 2.0, 3.0]
+    # exit 0 with an untrained model: the run warns, and says what to change
     assert "no update was applied" in proc.stderr and "optim.initial_loss_scale=65536" in proc.stderr
 
 
@@ -202,11 +203,12 @@ def test_a_custom_counter_reduces_as_its_handler_declares(tmp_path):
     records = train_records(out_dir)
     assert [r["actor/update_failures_unabsorbed_total"] for r in records] == [1.0, 1.0]
     assert [r["actor/update_failed"] for r in records] == [1.0, 0.0]  # max over the step's updates
-    assert "updates over the run: actor 3 applied, 1 skipped" in proc.stderr
+    # over the run: 4 updates attempted, 1 skipped, so 3 applied
+    assert records[-1]["actor/num_updates_attempted"] == 4.0 and records[-1]["actor/update_failures_total"] == 1.0
 
 
 def test_fire_drill_under_strict_exits_nonzero_with_the_message(tmp_path):
-    proc, _ = run_main(
+    proc, out_dir = run_main(
         tmp_path,
         "trainer.total_training_steps=4",
         "actor_rollout_ref.actor.dtype=float32",
@@ -214,6 +216,8 @@ def test_fire_drill_under_strict_exits_nonzero_with_the_message(tmp_path):
         "actor_rollout_ref.actor.fault_injection.nonfinite_grad_steps=[2]",
     )
     assert proc.returncode == 1
+    assert [r["step"] for r in train_records(out_dir)] == [1]  # step 2's update stopped the run: no row of its own
+    # what the user reads: the step, the cause, once, and that there is no checkpoint to resume from
     assert "actor update failed at step 2: non-finite gradient norm" in proc.stderr
     assert proc.stderr.count("Training stopped by the update-failure policy") == 1
     assert "Last good checkpoint: none" in proc.stderr
@@ -291,7 +295,7 @@ def test_ppo_with_a_critic(tmp_path, strategy):
 
 
 def test_critic_fire_drill_under_strict_names_the_critic(tmp_path):
-    proc, _ = run_main(
+    proc, out_dir = run_main(
         tmp_path,
         "trainer.total_training_steps=3",
         "algorithm.adv_estimator=gae",
@@ -300,5 +304,6 @@ def test_critic_fire_drill_under_strict_names_the_critic(tmp_path):
         "critic.fault_injection.nonfinite_grad_steps=[2]",
     )
     assert proc.returncode == 1, proc.stderr[-4000:]
+    assert [r["step"] for r in train_records(out_dir)] == [1]  # the critic's step-2 update stopped the run
     assert "critic update failed at step 2" in proc.stderr
     assert "critic.update_failure_policy" in proc.stderr

@@ -131,7 +131,7 @@ def measure(backend: str, dtype: str, config, device: str, shape: tuple[int, int
     batch = update_batch(config, num_rows, prompt, response, device)
     figures = {}
     num_skipped = 0
-    while actor.update_policy(batch)["actor/update_failed"] == 1.0:  # fp16: from 2**32 until an update fits
+    while actor.update_policy(batch).metrics["actor/update_failed"] == 1.0:  # fp16: from 2**32 until an update fits
         num_skipped += 1
         if num_skipped >= MAX_WARM_UP:
             raise RuntimeError(f"no update applied in {MAX_WARM_UP} steps")
@@ -141,7 +141,7 @@ def measure(backend: str, dtype: str, config, device: str, shape: tuple[int, int
     for _ in range(NUM_TIMED):
         synchronize(device)
         start = time.perf_counter()
-        failed = actor.update_policy(batch)["actor/update_failed"]
+        failed = actor.update_policy(batch).metrics["actor/update_failed"]
         synchronize(device)
         times.append(time.perf_counter() - start)
         if failed:

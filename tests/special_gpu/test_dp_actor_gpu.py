@@ -59,8 +59,8 @@ def test_the_fused_adamw_step_equals_the_per_tensor_loop(device, figure):
     batch = batch_on(device)
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
     for _ in range(2):  # the second step reads the moments the first one wrote
-        assert fused.update_policy(batch)["actor/update_failed"] == 0.0
-        assert loop.update_policy(batch)["actor/update_failed"] == 0.0
+        assert fused.update_policy(batch).metrics["actor/update_failed"] == 0.0
+        assert loop.update_policy(batch).metrics["actor/update_failed"] == 0.0
     moved = max(float((p - before[n]).abs().max()) for n, p in module.named_parameters())
     difference = figure(
         "fused_adamw_max_abs_weight_diff",
@@ -83,12 +83,12 @@ def test_a_failed_fp16_update_leaves_weights_moments_and_step_counts_bit_for_bit
         fault_injection={"nonfinite_grad_steps": [2]},
     )
     batch = batch_on(device)
-    first = actor.update_policy(batch)
+    first = actor.update_policy(batch).metrics
     before = training_state(actor.model_module(), actor.optimizer)
     assert num_optimizer_state_tensors(before) > 0  # the first update created the moments and step counts
-    second = actor.update_policy(batch)  # the drill makes this update's gradients NaN
+    second = actor.update_policy(batch).metrics  # the drill makes this update's gradients NaN
     assert_bitwise_equal(before, training_state(actor.model_module(), actor.optimizer))
-    third = actor.update_policy(batch)
+    third = actor.update_policy(batch).metrics
     scales = [m["actor/loss_scale"] for m in (first, second, third)]
     # 1024 fits; the NaN at update 2 is an overflow: with hysteresis 1 the scale halves at once, to 512 for update 3
     assert [m["actor/update_failed"] for m in (first, second, third)] == [0.0, 1.0, 0.0]
@@ -104,7 +104,7 @@ def test_the_fp16_warm_up_from_2_32_halves_the_scale_after_hysteresis_until_an_u
     batch = batch_on(device)
     steps = []
     for _ in range(40):
-        metrics = actor.update_policy(batch)  # fp16_warn_and_count absorbs the back-offs
+        metrics = actor.update_policy(batch).metrics  # fp16_warn_and_count absorbs the back-offs
         steps.append((metrics["actor/loss_scale"], metrics["actor/update_failed"]))
         if metrics["actor/update_failed"] == 0.0:
             break

@@ -95,7 +95,7 @@ def test_offloaded_state_is_whole_when_the_update_returns_and_survives_a_save_at
 ):
     actor = fsdp_actor(device)
     batch = ppo_batch().to(device)
-    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
     early = moments(actor)  # read the instant the update returned
     assert early and {t.device.type for t in early.values()} == {"cpu"}
     actor.save_checkpoint(tmp_path / "ckpt")  # right away, as a checkpoint after the step's update
@@ -115,8 +115,8 @@ def test_offloaded_state_is_whole_when_the_update_returns_and_survives_a_save_at
     assert restored.update_outcome_handler.state_dict() == actor.update_outcome_handler.state_dict()
     # the next update is the same on both (up to the summation order of CUDA kernels): the moments the step moved
     # to the GPU were the saved ones; lost moments would move the weights by ~lr = 1e-3 instead
-    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
-    assert restored.update_policy(batch)["actor/update_failed"] == 0.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
+    assert restored.update_policy(batch).metrics["actor/update_failed"] == 0.0
     synchronize(device)
     got = training_state(restored.model_module(), restored.optimizer)
     want = training_state(actor.model_module(), actor.optimizer)
@@ -136,7 +136,7 @@ def test_the_offload_frees_the_gpu_memory_of_the_moments(device, process_group, 
         torch.cuda.empty_cache()
         start = torch.cuda.memory_allocated()
         actor = fsdp_actor(device, optimizer_offload=optimizer_offload)
-        assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+        assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
         torch.cuda.synchronize()
         used = torch.cuda.memory_allocated() - start
         state_bytes = sum(t.numel() * t.element_size() for t in moments(actor).values() if t.dim() > 0)

@@ -60,7 +60,7 @@ def test_bf16_log_probs_follow_the_hf_model_within_bf16_rounding(figure):
 def test_bf16_updates_apply_without_a_loss_scale_and_lower_the_loss(figure):
     actor = bf16_actor()
     batch = cuda_batch(actor)
-    metrics = [actor.update_policy(batch) for _ in range(10)]
+    metrics = [actor.update_policy(batch).metrics for _ in range(10)]
     assert [m["actor/update_failed"] for m in metrics] == [0.0] * 10
     assert all(m.get("actor/loss_scale") is None for m in metrics)  # no dynamic scaling in bf16
     losses = [m["actor/pg_loss"] for m in metrics]
@@ -73,12 +73,12 @@ def test_a_nan_bf16_update_is_skipped_before_megatron_core_applies_it(figure):
         update_failure_policy="fp16_warn_and_count", fault_injection={"nonfinite_grad_steps": [3], "ranks": [0]}
     )
     batch = cuda_batch(actor)
-    results = [actor.update_policy(batch) for _ in range(2)]
+    results = [actor.update_policy(batch).metrics for _ in range(2)]
     before = training_state(actor.model_module(), actor.optimizer)
     assert num_optimizer_state_tensors(before) > 0
-    results.append(actor.update_policy(batch))  # update 3: NaN losses through the schedule
+    results.append(actor.update_policy(batch).metrics)  # update 3: NaN losses through the schedule
     assert_bitwise_equal(before, training_state(actor.model_module(), actor.optimizer))
-    results.append(actor.update_policy(batch))
+    results.append(actor.update_policy(batch).metrics)
     assert [m["actor/update_failed"] for m in results] == [0.0, 0.0, 1.0, 0.0]
     figure("bf16_failed_updates", sum(m["actor/update_failed"] for m in results))
 

@@ -57,7 +57,7 @@ def test_the_fp16_warm_up_from_2_32_and_a_failed_update_leave_the_state_bit_for_
     batch = value_batch().to(device)
     steps = []
     while len(steps) < 39:
-        metrics = critic.update_critic(batch)
+        metrics = critic.update_critic(batch).metrics
         steps.append((metrics["critic/loss_scale"], metrics["critic/update_failed"]))
         if metrics["critic/update_failed"] == 0.0:
             break
@@ -69,7 +69,7 @@ def test_the_fp16_warm_up_from_2_32_and_a_failed_update_leave_the_state_bit_for_
         critic.update_critic(batch)
     before = training_state(critic.model_module(), critic.optimizer)
     assert num_optimizer_state_tensors(before) > 0
-    assert critic.update_critic(batch)["critic/update_failed"] == 1.0  # update 40: the drill's NaN gradients
+    assert critic.update_critic(batch).metrics["critic/update_failed"] == 1.0  # update 40: the drill's NaN gradients
     assert_bitwise_equal(before, training_state(critic.model_module(), critic.optimizer))
 
 
@@ -77,7 +77,7 @@ def test_the_fp16_warm_up_from_2_32_and_a_failed_update_leave_the_state_bit_for_
 def test_fp16_training_lowers_the_value_loss(device, figure):
     critic = megatron_critic(device, dtype="float16", optim={"lr": 3e-3, "initial_loss_scale": 1024.0})
     batch = value_batch().to(device)
-    metrics = [critic.update_critic(batch) for _ in range(15)]
+    metrics = [critic.update_critic(batch).metrics for _ in range(15)]
     assert [m["critic/update_failed"] for m in metrics] == [0.0] * 15
     losses = [m["critic/vf_loss"] for m in metrics]
     figure("critic_vf_loss_first", losses[0])

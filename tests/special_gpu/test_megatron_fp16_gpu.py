@@ -10,6 +10,7 @@ import torch
 
 from tests.special_gpu.checks import assert_bitwise_equal, num_optimizer_state_tensors, training_state
 from tests.workers.actor.conftest import actor_config, megatron_world_of_one, ppo_batch, tiny_qwen2  # noqa: F401
+from verl.workers.actor.megatron_backend import MegatronScheduleBackend
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
 
 pytestmark = [
@@ -39,12 +40,12 @@ def cuda_batch(actor):
 
 def test_megatron_core_optimizer_passes_its_fp16_warm_up_then_trains(figure):
     actor = gpu_actor()
-    assert actor.backend.use_megatron_schedule and actor.training_path.startswith("GPU path")
+    assert isinstance(actor.backend, MegatronScheduleBackend) and actor.training_path.startswith("GPU path")
     assert isinstance(actor.update_outcome_handler, FP16WarnAndCountHandler)
     batch = cuda_batch(actor)
     failed, losses, scales = [], [], []
     for _ in range(40):
-        metrics = actor.update_policy(batch)  # must not raise under the default policy
+        metrics = actor.update_policy(batch).metrics  # must not raise under the default policy
         failed.append(metrics["actor/update_failed"])
         losses.append(metrics["actor/pg_loss"])
         scales.append(metrics["actor/loss_scale"])
@@ -73,13 +74,13 @@ def test_fire_drill_through_the_megatron_schedule():
     actor = gpu_actor(fault_injection={"nonfinite_grad_steps": [30], "ranks": [0]})
     assert actor.backend.fire_drill_target == "loss"
     batch = cuda_batch(actor)
-    results = [actor.update_policy(batch)["actor/update_failed"] for _ in range(29)]
+    results = [actor.update_policy(batch).metrics["actor/update_failed"] for _ in range(29)]
     assert results[-1] == 0.0  # the warm-up is over: updates apply
     before = training_state(actor.model_module(), actor.optimizer)
     assert num_optimizer_state_tensors(before) > 0
-    results.append(actor.update_policy(batch)["actor/update_failed"])
+    results.append(actor.update_policy(batch).metrics["actor/update_failed"])
     assert_bitwise_equal(before, training_state(actor.model_module(), actor.optimizer))
-    results.append(actor.update_policy(batch)["actor/update_failed"])
+    results.append(actor.update_policy(batch).metrics["actor/update_failed"])
     assert results[-2] == 1.0 and results[-1] == 0.0
 
 
@@ -114,7 +115,10 @@ def test_checkpoint_restores_megatron_loss_scaler_and_handler(tmp_path):
     assert restored.update_outcome_handler.state_dict() == actor.update_outcome_handler.state_dict()
     # the restored fp32 main weights must be the trained ones: the next update of both is the same
     torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
-    assert restored.update_policy(batch)["actor/update_failed"] == actor.update_policy(batch)["actor/update_failed"]
+    assert (
+        restored.update_policy(batch).metrics["actor/update_failed"]
+        == actor.update_policy(batch).metrics["actor/update_failed"]
+    )
 
 
 def test_a_distributed_optimizer_checkpoint_resumes_its_main_weights_and_moments(tmp_path):
@@ -127,7 +131,7 @@ def test_a_distributed_optimizer_checkpoint_resumes_its_main_weights_and_moments
     actor = gpu_actor(dtype="bfloat16", distributed_optimizer=True)
     batch = cuda_batch(actor)
     for _ in range(3):
-        assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+        assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
     with atomic_directory(tmp_path / "ckpt") as tmp:
         actor.save_checkpoint(tmp)
     assert (tmp_path / "ckpt" / DISTRIBUTED_OPTIMIZER_FILE).is_file()
@@ -136,7 +140,7 @@ def test_a_distributed_optimizer_checkpoint_resumes_its_main_weights_and_moments
     torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
     # the same next update: the same main weights and moments (seed 7's weights or empty moments would differ)
     for model in (actor, restored):
-        assert model.update_policy(batch)["actor/update_failed"] == 0.0
+        assert model.update_policy(batch).metrics["actor/update_failed"] == 0.0
     torch.testing.assert_close(restored.compute_log_prob(batch)[0], actor.compute_log_prob(batch)[0])
 
 
@@ -149,6 +153,6 @@ def test_fused_kernels_through_the_megatron_schedule_match_the_plain_logits():
     got, _ = fused.compute_log_prob(batch)
     # the same bf16 products in both; only the fp32 softmax sums are grouped by chunk
     torch.testing.assert_close(got, batch.batch["old_log_probs"], atol=2e-2, rtol=0)
-    plain_metrics, fused_metrics = plain.update_policy(batch), fused.update_policy(batch)
+    plain_metrics, fused_metrics = plain.update_policy(batch).metrics, fused.update_policy(batch).metrics
     assert plain_metrics["actor/update_failed"] == fused_metrics["actor/update_failed"] == 0.0
     assert fused_metrics["actor/grad_norm"] == pytest.approx(plain_metrics["actor/grad_norm"], rel=2e-2)

@@ -16,6 +16,7 @@ from tests.workers.actor.conftest import (  # noqa: F401
     ppo_batch,
     tiny_qwen2,
 )
+from verl.workers.actor.megatron_backend import MegatronScheduleBackend
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,7 +41,7 @@ def test_lora_trains_on_megatron_cores_path_with_the_base_frozen(figure):
         hf_state_dict=hf_model.state_dict(),
         lora=megatron_lora(rank=8, alpha=16),
     )
-    assert actor.backend.use_megatron_schedule and "LoRA rank 8" in actor.training_path
+    assert isinstance(actor.backend, MegatronScheduleBackend) and "LoRA rank 8" in actor.training_path
     module = actor.model_module()
     trained = [name for name, param in module.named_parameters() if param.requires_grad]
     assert trained and all(".adapter.lora_" in name for name in trained)
@@ -49,7 +50,7 @@ def test_lora_trains_on_megatron_cores_path_with_the_base_frozen(figure):
     batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
     with actor.adapters_off()():
         reference_before, _ = actor.compute_log_prob(batch)
-    failed = [actor.update_policy(batch)["actor/update_failed"] for _ in range(40)]
+    failed = [actor.update_policy(batch).metrics["actor/update_failed"] for _ in range(40)]
     figure("megatron_lora_fp16_warm_up_num_skipped_updates", failed.index(0.0))
     assert failed[-5:] == [0.0] * 5
     for name, param in module.named_parameters():

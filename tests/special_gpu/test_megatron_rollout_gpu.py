@@ -140,4 +140,4 @@ def test_the_naive_rollout_on_the_actor_decoder_as_the_worker_runs_it(device, fi
     # back in train mode, the actor trains on what it sampled (a loss scale of 1024 fits: the update applies)
     cached.batch["advantages"] = real.float()
     cached.batch["old_log_probs"] = log_probs
-    assert actor.update_policy(cached)["actor/update_failed"] == 0.0
+    assert actor.update_policy(cached).metrics["actor/update_failed"] == 0.0

@@ -175,7 +175,8 @@ def test_the_dp_actor_padding_free_gives_the_padded_log_probs_and_gradient(devic
     real = batch.batch["response_mask"].bool()
     check_close(got[real], want[real], torch.float32, figure, "actor_log_prob_max_abs_diff")
     # the backward through the packed row: the same gradient norm (one on-policy update of each actor)
-    packed_metrics, padded_metrics = packed_actor.update_policy(batch), padded_actor.update_policy(batch)
+    packed_metrics = packed_actor.update_policy(batch).metrics
+    padded_metrics = padded_actor.update_policy(batch).metrics
     norms = packed_metrics["actor/grad_norm"], padded_metrics["actor/grad_norm"]
     figure("actor_grad_norm_rel_diff", abs(norms[0] - norms[1]) / norms[1])
     assert norms[1] > 0 and abs(norms[0] - norms[1]) <= 1e-4 * norms[1]

@@ -2,9 +2,10 @@
 
 The GPU machine is lent for minutes, so the script must work the first time there: these tests run its rehearsal
 on two files of GPU checks with a wheelhouse of one tiny wheel built here (install, the vLLM file's by-design line,
-collection with Ray and vLLM refused, every file run and reported), its refusal of a wheelhouse holding two
-versions of one package, the reporter's verdicts on JUnit reports, the wheelhouse check, the image's package set
-imposed on an interpreter, and the vLLM rollout's file skipping (not erroring) where vLLM and Ray are missing.
+collection with Ray and vLLM refused, every file run and reported), the whole script on a stub check list (a
+failing check gives a FAIL line and exit status 1), its refusal of a wheelhouse holding two versions of one package,
+the reporter's verdicts on JUnit reports, the wheelhouse check, the image's package set imposed on an interpreter,
+and the vLLM rollout's file skipping (not erroring) where vLLM and Ray are missing.
 The full rehearsal (every GPU test file, the real wheelhouse, the figures on a tiny model) is
 ``PYTHON=.venv/bin/python bash tests/special_gpu/run_all.sh --rehearse`` (about 3 minutes on 2 cores).
 """
@@ -75,10 +76,61 @@ def run_all(
     )
 
 
-def test_the_script_parses():
-    for script in ("run_all.sh", "fetch_wheels.sh"):
-        result = subprocess.run(["bash", "-n", str(HERE / script)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
+# a stub check list: one file of three GPU tests, one that passes, one that fails, one that skips without CUDA
+STUB_CHECKS = """
+import pytest
+import torch
+
+
+@pytest.mark.gpu
+def test_stub_passes():
+    assert 1 + 1 == 2
+
+
+@pytest.mark.gpu
+def test_stub_fails():
+    assert 1 + 1 == 3, "the stub's failure"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_stub_needs_cuda():
+    pass
+"""
+
+
+def test_a_failing_check_gives_a_fail_line_and_a_non_zero_exit(tmp_path):
+    # the whole script on a stub check list: install, collection, the file run and reported, the summary and exit
+    stub = tmp_path / "stub" / "test_stub_gpu.py"
+    stub.parent.mkdir()
+    stub.write_text(STUB_CHECKS)
+    result = run_all(
+        tmp_path,
+        [("verl_rehearsal_probe", "0.0.1")],
+        ["verl-rehearsal-probe==0.0.1"],
+        "--rehearse",
+        GPU_CHECK_FILES=str(stub),
+    )
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = {line.split(": ")[0]: line.split(": ")[1].split(" (")[0] for line in lines if line.startswith("CHECK ")}
+    assert checks == {
+        "CHECK install": "PASS",
+        "CHECK cuda_available": "REHEARSED",
+        "CHECK collect_without_ray": "PASS",
+        f"CHECK {stub}::test_stub_passes": "PASS",
+        f"CHECK {stub}::test_stub_fails": "FAIL",
+        f"CHECK {stub}::test_stub_needs_cuda": "REHEARSED",  # the skip a rehearsal expects, not a failure
+    }
+    assert "the stub's failure" in result.stdout  # the failing check's reason is printed with it
+    # passed: install, collection, test_stub_passes; failed: test_stub_fails alone
+    assert lines[-1].startswith("GPU checks (rehearsal without a GPU): 1 failed, 3 passed, 0 not run by design")
+
+
+def test_the_wheel_fetcher_parses():
+    # fetch_wheels.sh downloads from PyPI, which a test must not do: only its syntax is checked here
+    result = subprocess.run(["bash", "-n", str(HERE / "fetch_wheels.sh")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_rehearsal_installs_collects_runs_and_reports(tmp_path):

@@ -1,5 +1,6 @@
 """The YAML configs and their typed schema: every key commented, keys and fields equal, every bad value refused."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -121,9 +122,12 @@ def test_no_config_default_lives_in_code():
     assert offenders == []
 
 
-@pytest.mark.parametrize("name", ["ppo_trainer", "ppo_megatron_trainer"])
-def test_every_trainer_yaml_builds_the_schema(name):
-    assert isinstance(validated(name=name), PPOConfig)
+@pytest.mark.parametrize(("name", "strategy"), [("ppo_trainer", "fsdp"), ("ppo_megatron_trainer", "megatron")])
+def test_every_trainer_yaml_builds_the_schema(name, strategy):
+    cfg = validated(name=name)
+    assert isinstance(cfg, PPOConfig)
+    # each file picks its training backend, for the actor and the reference model alike
+    assert (cfg.actor_rollout_ref.actor.strategy, cfg.actor_rollout_ref.ref.strategy) == (strategy, strategy)
 
 
 def test_unknown_key_is_an_error():
@@ -148,8 +152,11 @@ def test_added_unknown_keys_are_errors_not_ignored(override, match):
 )
 def test_verl_compile_and_fused_kernel_switches_are_accepted_both_ways(key):
     # real features on dp and fsdp2 (refused on megatron: tests/workers/actor/test_fused_and_compiled_actor.py)
-    validated([f"{key}=False"])
-    validated([f"{key}=True", "actor_rollout_ref.actor.strategy=fsdp2"])
+    def value(cfg):
+        return functools.reduce(getattr, key.split("."), cfg)
+
+    assert value(validated([f"{key}=False"])) is False
+    assert value(validated([f"{key}=True", "actor_rollout_ref.actor.strategy=fsdp2"])) is True
 
 
 @pytest.mark.parametrize(("value", "sinks"), [("console", ["console"]), ("[console,jsonl]", ["console", "jsonl"])])

@@ -221,3 +221,38 @@ def test_a_workers_exception_is_logged_with_the_workers_traceback(capfd, monkeyp
     logged = capfd.readouterr().err  # the command line's own log handler writes to stderr
     assert "rank 3 raised RuntimeError; its traceback:" in logged and "accumulate_micro_batches" in logged
     assert "Stopped by an unexpected error (exit code 8): attempting to assign a gradient" in logged
+
+
+@pytest.mark.slow
+def test_a_checkpoint_holds_the_run_plan_the_run_logged(tmp_path, caplog):
+    import ray
+
+    from verl.trainer.ppo.trainer_checkpoints import read_run_plan
+    from verl.workers.config import compose_with_defaults
+
+    out = tmp_path / "out"
+    overrides = [
+        f"trainer.default_local_dir={out}",
+        "trainer.device=auto",  # resolved once Ray starts: this machine's GPUs, else the CPU
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.logger=[jsonl]",
+        "trainer.plot=false",
+        "trainer.progress_bar=false",
+        "actor_rollout_ref.actor.dtype=float32",
+    ]
+    try:
+        with caplog.at_level(logging.INFO, logger="verl.trainer"):
+            assert main_ppo.run(compose_with_defaults(overrides)) == main_ppo.EXIT_OK
+    finally:
+        ray.shutdown()
+    plan = read_run_plan(out / "global_step_1")
+    # the embedded run, one step: 16 prompts, GRPO without KL (no reference, no critic), one update per step
+    assert plan["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert (plan["train_batch_size"], plan["total_training_steps"], plan["test_freq"]) == (16, 1, -1)
+    assert plan["roles"] == ["actor", "rollout"] and plan["world_size"] == 1
+    assert not (plan["needs_reference"] or plan["needs_critic"] or plan["computes_old_log_prob"])
+    (logged,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("run plan")]
+    assert f"  device: {plan['device']}" in logged.splitlines()  # the plan logged is the plan saved

@@ -219,3 +219,21 @@ def test_the_critics_values_run_without_dropout_and_leave_it_training():
     first = critic.compute_values(samples).batch["values"]
     assert torch.equal(first, critic.compute_values(samples).batch["values"])
     assert critic.critic.model_module().training
+
+
+def test_the_worker_follows_the_run_plan_it_is_given():
+    import dataclasses
+
+    from verl.workers.config.plan import build_run_plan
+
+    config = compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", "actor_rollout_ref.actor.use_kl_loss=true"])
+    # built by hand: the plan comes from the config, with the step count given
+    assert worker_classes("dp")[0](config, total_training_steps=7).plan.total_training_steps == 7
+    plan = build_run_plan(config)
+    assert plan.needs_reference  # the KL loss needs one
+    # the driver's plan decides, not the config's properties: a plan without a reference builds none
+    worker = worker_classes("dp")[0](
+        config, total_training_steps=4, plan=dataclasses.replace(plan, needs_reference=False)
+    )
+    worker.init_model()
+    assert worker.ref is None

@@ -49,6 +49,12 @@ class RecordingRollout:
         self.loads.append({name: tensor.detach().clone() for name, tensor in weights})
 
 
+def recording(role):
+    """The rollout role with its engine wrapped in a :class:`RecordingRollout`."""
+    role.engine = RecordingRollout(role.engine)
+    return role
+
+
 @pytest.fixture(params=["dp", "megatron"])
 def worker(request):
     if request.param == "megatron":
@@ -83,13 +89,17 @@ def hf_weights_of(worker) -> dict[str, torch.Tensor]:
 
 
 def test_weights_are_sent_after_successful_updates_only(worker, tmp_path):
-    skipped = worker.update_actor(update_batch(worker))
+    result = worker.update_actor(update_batch(worker))
+    skipped = result.metrics
     # update 1 is poisoned: no update succeeded, so nothing is sent and the step says so
+    assert not result.updated and (result.num_attempted_total, result.num_failed_total) == (1, 1)
     assert skipped["actor/num_updates_successful"] == 0.0
     assert worker.rollout.loads == []
     assert skipped["timing_s/weight_sync"] == 0.0 and skipped["rollout/weight_syncs"] == 0.0
 
-    applied = worker.update_actor(update_batch(worker))
+    result = worker.update_actor(update_batch(worker))
+    applied = result.metrics
+    assert result.updated and result.num_applied_total == 1
     assert applied["actor/num_updates_successful"] == 1.0
     assert applied["rollout/weight_syncs"] == 1.0 and applied["timing_s/weight_sync"] > 0.0
     assert len(worker.rollout.loads) == 1
@@ -109,7 +119,7 @@ def test_weights_are_sent_after_successful_updates_only(worker, tmp_path):
 
 def test_rollouts_without_their_own_weights_report_no_sync(worker):
     worker.rollout = worker.rollout.inner  # the naive rollout samples from the actor itself
-    metrics = worker.update_actor(update_batch(worker))
+    metrics = worker.update_actor(update_batch(worker)).metrics
     assert "rollout/weight_syncs" not in metrics and "timing_s/weight_sync" not in metrics
 
 
@@ -119,7 +129,7 @@ def test_a_rollout_with_weights_of_its_own_gets_the_actors_at_start_up(monkeypat
     # LoRA merged under the plain model's names, before any rollout
     cls = worker_classes("dp")[0]
     build_rollout = cls._build_rollout
-    monkeypatch.setattr(cls, "_build_rollout", lambda self: RecordingRollout(build_rollout(self)))
+    monkeypatch.setattr(cls, "_build_rollout", lambda self: recording(build_rollout(self)))
     config = compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", *SMALL, "actor_rollout_ref.model.lora_rank=4"])
     built = cls(config, total_training_steps=4)
     built.init_model()

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
+from verl.models.decoding import AutocastFactory, HFCachedDecoder
 from verl.utils.cpu_linear import OneDNNLinear, onednn_linear
-from verl.workers.rollout.decoding import AutocastFactory, HFCachedDecoder
 
 __all__ = ["LlamaFamilyDecoder", "lean_decode_refusal", "supports_llama_decode"]
 

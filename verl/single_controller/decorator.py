@@ -102,6 +102,22 @@ def get_register_spec(func: Any) -> RegisterSpec | None:
     return getattr(func, REGISTER_ATTR, None)
 
 
+def registered_methods(cls: type) -> dict[str, RegisterSpec]:
+    """Every method of ``cls`` a worker group calls, with its spec, resolved along the class's MRO.
+
+    A method that overrides a registered one keeps the registration (and the dispatch mode) of the method it
+    overrides unless it is decorated itself, in which case its own spec wins: a subclass that forgets to repeat
+    ``@register`` cannot silently drop a method from its group. Dunder names are never registered.
+    """
+    specs: dict[str, RegisterSpec] = {}
+    for klass in reversed(cls.__mro__):  # base classes first, so that a subclass's own decoration overrides
+        for name, value in vars(klass).items():
+            spec = get_register_spec(value)
+            if spec is not None and not name.startswith("__"):
+                specs[name] = spec
+    return specs
+
+
 # ------------------------------------------------------------------------------------------ dispatch / collect
 
 

@@ -25,7 +25,7 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from verl.single_controller.decorator import RegisterSpec, check_data_parallel_layout, get_register_spec, plan_call
+from verl.single_controller.decorator import RegisterSpec, check_data_parallel_layout, plan_call, registered_methods
 from verl.single_controller.placement import DEFAULT_PLACEMENT_TIMEOUT_S, PlacementError, RayResourcePool
 from verl.single_controller.results import (
     CollectiveTimeoutError,
@@ -124,17 +124,13 @@ class RayWorkerGroup:
 
     @staticmethod
     def _registered_methods(cls: type) -> dict[str, RegisterSpec]:
-        specs = {}
-        for name in dir(cls):
-            spec = get_register_spec(getattr(cls, name, None))
-            if spec is None or name.startswith("__"):
-                continue
+        specs = registered_methods(cls)
+        for name in specs:
             if hasattr(RayWorkerGroup, name):
                 raise ValueError(
                     f"{cls.__name__}.{name} is @register'ed, but RayWorkerGroup already has an attribute {name!r}; "
                     "rename the worker method."
                 )
-            specs[name] = spec
         return specs
 
     def _start_workers(self, ray_cls_with_init: RayClassWithInitArgs) -> None:

@@ -132,6 +132,38 @@ def get_all(
         BaseException: the dead rank's error, the hang's, or the worker's exception (same type and message) with
             ``remote_traceback`` and ``rank``.
     """
+    outputs, errors, deaths, still_running = _wait_for_ranks(refs, ranks)
+    if deaths:
+        dead_rank = min(deaths)
+        for rank, err in sorted(errors.items()):
+            logger.info("rank %d failed after rank %d died: %s: %s", rank, dead_rank, type(err).__name__, err)
+        if len(deaths) > 1:
+            logger.warning("ranks %s died together", sorted(deaths))
+        if on_death is None:
+            raise deaths[dead_rank]
+        raise on_death(dead_rank, deaths[dead_rank]) from None
+    if not errors:
+        return outputs
+    timed_out = {rank: err for rank, err in errors.items() if is_collective_timeout(err)}
+    if timed_out and on_hang is not None:
+        # a rank that failed on its own (not because its peers gave up) is why the others waited: report its error
+        causes = {r: e for r, e in errors.items() if r not in timed_out and not _PEER_GAVE_UP.search(str(e))}
+        if not causes:
+            raise on_hang(_awaited_ranks(ranks, errors, timed_out, still_running), timed_out, still_running) from None
+        for rank in sorted(timed_out):
+            logger.info("rank %d timed out in a collective, waiting for a rank that failed", rank)
+        errors = causes
+    first_rank = min(errors)
+    first = errors[first_rank]
+    for rank, err in sorted(errors.items()):
+        if rank != first_rank and (type(err), str(err)) != (type(first), str(first)):
+            logger.warning("rank %d also failed: %s: %s", rank, type(err).__name__, err)
+    raise first.with_traceback(None)
+
+
+def _wait_for_ranks(refs: list, ranks: list[int]):
+    """Wait for every ref; after the first failure, only for the grace period. Returns ``(outputs, errors by rank,
+    deaths by rank, the ranks still running when the wait ended, in order)``."""
     index_of = {ref: i for i, ref in enumerate(refs)}
     outputs: list[Any] = [None] * len(refs)
     errors: dict[int, BaseException] = {}
@@ -157,38 +189,18 @@ def get_all(
         except RayTaskError as err:
             errors[ranks[i]] = _unwrap_task_error(err, ranks[i])
             deadline = deadline or time.monotonic() + ERROR_GRACE_S
-    if deaths:
-        dead_rank = min(deaths)
-        for rank, err in sorted(errors.items()):
-            logger.info("rank %d failed after rank %d died: %s: %s", rank, dead_rank, type(err).__name__, err)
-        if len(deaths) > 1:
-            logger.warning("ranks %s died together", sorted(deaths))
-        if on_death is None:
-            raise deaths[dead_rank]
-        raise on_death(dead_rank, deaths[dead_rank]) from None
-    if not errors:
-        return outputs
-    timed_out = {rank: err for rank, err in errors.items() if is_collective_timeout(err)}
-    if timed_out and on_hang is not None:
-        # a rank that failed on its own (not because its peers gave up) is why the others waited: report its error
-        causes = {r: e for r, e in errors.items() if r not in timed_out and not _PEER_GAVE_UP.search(str(e))}
-        if not causes:
-            still_running = sorted(ranks[index_of[ref]] for ref in pending)
-            # the likeliest culprit first: a rank still running (it hangs), then one that returned without joining,
-            # then one that only found its peers gone (a ring neighbour of the ranks that timed out, late or not)
-            returned = sorted(rank for rank in ranks if rank not in errors and rank not in still_running)
-            late = sorted(rank for rank in errors if rank not in timed_out)
-            awaited = still_running + returned + late
-            raise on_hang(awaited, timed_out, still_running) from None
-        for rank in sorted(timed_out):
-            logger.info("rank %d timed out in a collective, waiting for a rank that failed", rank)
-        errors = causes
-    first_rank = min(errors)
-    first = errors[first_rank]
-    for rank, err in sorted(errors.items()):
-        if rank != first_rank and (type(err), str(err)) != (type(first), str(first)):
-            logger.warning("rank %d also failed: %s: %s", rank, type(err).__name__, err)
-    raise first.with_traceback(None)
+    return outputs, errors, deaths, sorted(ranks[index_of[ref]] for ref in pending)
+
+
+def _awaited_ranks(
+    ranks: list[int], errors: dict[int, BaseException], timed_out: dict[int, BaseException], still_running: list[int]
+) -> list[int]:
+    """The ranks the ones that timed out waited for, the likeliest culprit first: a rank still running (it hangs),
+    then one that returned without joining, then one that only found its peers gone (a ring neighbour of the ranks
+    that timed out, late or not)."""
+    returned = sorted(rank for rank in ranks if rank not in errors and rank not in still_running)
+    late = sorted(rank for rank in errors if rank not in timed_out)
+    return still_running + returned + late
 
 
 class PendingResult:

@@ -13,6 +13,7 @@ from typing import Any
 
 from verl.protocol import DataProto
 from verl.workers.config import PPOConfig
+from verl.workers.config.plan import step_sizes
 
 logger = logging.getLogger("verl.trainer")
 _TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -125,7 +126,11 @@ def build_reward_fn(config: PPOConfig, tokenizer):
 
 
 def build_data(config: PPOConfig, world_size: int) -> TrainingData:
-    """Everything data-shaped the trainer needs; every problem is a ``ValueError`` raised before Ray starts."""
+    """Everything data-shaped the trainer needs; every problem is a ``ValueError`` raised before Ray starts.
+
+    The loader's batch is the run plan's ``train_batch_size`` (:func:`~verl.workers.config.plan.step_sizes`:
+    ``data.train_batch_size``, or verl's fully async size with a rollout group of its own).
+    """
     from verl.models.loading import load_tokenizer
     from verl.utils.dataset import PromptCollator, StatefulPromptLoader
 
@@ -139,32 +144,34 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
     if data.filter_overlong_prompts:
         train = _drop_overlong(train, collate, "training")
         val = _drop_overlong(val, collate, "validation") if val is not None and len(val) else val
-    if int(config.data.train_batch_size) % world_size:
+    batch_size = step_sizes(config).train_batch_size
+    if batch_size % world_size:
         raise ValueError(
-            f"data.train_batch_size={config.data.train_batch_size} must be a multiple of the {world_size} "
+            f"data.train_batch_size={batch_size} must be a multiple of the {world_size} "
             f"data-parallel workers (trainer.n_gpus_per_node x trainer.nnodes)."
         )
     loader = StatefulPromptLoader(
-        train,
-        int(config.data.train_batch_size),
-        seed=int(config.data.seed),
-        shuffle=bool(config.data.shuffle),
-        collate_fn=collate,
+        train, batch_size, seed=int(data.seed), shuffle=bool(data.shuffle), collate_fn=collate
     )
-    val_batches: list[DataProto] = []
-    if val is not None and len(val):
-        num_val = len(val) - len(val) % world_size  # every validation batch must split evenly over the workers
-        if num_val < len(val):
-            logger.info("using %d of %d validation prompts (a multiple of %d workers)", num_val, len(val), world_size)
-        size = min(int(config.data.val_batch_size or num_val), num_val)
-        size -= size % world_size
-        if size < 1:
-            raise ValueError(f"data.val_batch_size must be at least the {world_size} workers.")
-        rows = [val[i] for i in range(num_val)]
-        # every prompt is validated: the last batch may be smaller (a multiple of the workers too, as num_val is)
-        val_batches = [collated_to_dataproto(collate(rows[i : i + size])) for i in range(0, num_val, size)]
+    val_batches = _validation_batches(val, collate, world_size, data.val_batch_size)
     # validate the first batch now: a prompt too long for max_prompt_length fails here, not in a worker
-    collate([train[i] for i in range(min(len(train), int(config.data.train_batch_size)))])
+    collate([train[i] for i in range(min(len(train), batch_size))])
     return TrainingData(
         PromptBatches(loader), val_batches, build_reward_fn(config, tokenizer), len(train), tokenizer=tokenizer
     )
+
+
+def _validation_batches(val, collate, world_size: int, val_batch_size: int | None) -> list[DataProto]:
+    """The validation prompts as batches that split evenly over the workers (every prompt, up to a multiple of the
+    workers; the last batch may be smaller)."""
+    if val is None or not len(val):
+        return []
+    num_val = len(val) - len(val) % world_size  # every validation batch must split evenly over the workers
+    if num_val < len(val):
+        logger.info("using %d of %d validation prompts (a multiple of %d workers)", num_val, len(val), world_size)
+    size = min(int(val_batch_size or num_val), num_val)
+    size -= size % world_size
+    if size < 1:
+        raise ValueError(f"data.val_batch_size must be at least the {world_size} workers.")
+    rows = [val[i] for i in range(num_val)]
+    return [collated_to_dataproto(collate(rows[i : i + size])) for i in range(0, num_val, size)]

@@ -57,6 +57,7 @@ from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names sin
 )
 from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
 from verl.workers.config import ComposedConfig, PPOConfig, compose_with_defaults
+from verl.workers.config.plan import RunPlan, build_run_plan, resolve_device
 from verl.workers.update_outcome import UpdateFailedError
 
 logger = logging.getLogger("verl.trainer")
@@ -76,18 +77,6 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     for noisy in ("urllib3", "filelock", "matplotlib", "ray"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def total_steps(config: PPOConfig, num_train_prompts: int) -> int:
-    steps_per_epoch = num_train_prompts // config.data.train_batch_size
-    if steps_per_epoch < 1:
-        raise ValueError(
-            f"data.train_batch_size={config.data.train_batch_size} is larger than the {num_train_prompts} training "
-            f"prompts; lower it or add data."
-        )
-    if config.trainer.total_training_steps is None:
-        return steps_per_epoch * config.trainer.total_epochs
-    return config.trainer.total_training_steps
 
 
 def check_model_path(config: PPOConfig) -> None:
@@ -213,7 +202,10 @@ def _validate(config: ComposedConfig | DictConfig | PPOConfig) -> PPOConfig:
 
 
 def prepare(config: ComposedConfig | DictConfig | PPOConfig):
-    """Everything checked before Ray starts: (typed config, training data, step count, checkpoint to resume).
+    """Everything checked before Ray starts: (typed config, training data, run plan, checkpoint to resume).
+
+    The run plan (:func:`~verl.workers.config.plan.build_run_plan`) has the run's step count; a device of
+    ``trainer.device=auto`` is still ``"auto"`` in it (resolved once Ray starts, :func:`_resolve_plan`).
 
     Raises:
         ValueError: a bad config.
@@ -228,12 +220,12 @@ def prepare(config: ComposedConfig | DictConfig | PPOConfig):
     check_vllm_config(typed)  # nothing unless rollout.name=vllm: installed, fits the model and the device
     check_resume_path(typed)
     data = build_data(typed, typed.world_size)
-    num_steps = total_steps(typed, data.num_train_prompts)
+    plan = build_run_plan(typed, num_train_prompts=data.num_train_prompts)
     from verl.utils.checkpoint import remove_save_debris
 
     # before choosing: a save killed mid-swap leaves its newest checkpoint under a temporary name, put back here
     remove_save_debris(typed.trainer.default_local_dir)
-    return typed, data, num_steps, choose_checkpoint(typed)
+    return typed, data, plan, choose_checkpoint(typed)
 
 
 @dataclass
@@ -263,7 +255,7 @@ def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
     comparison. Logging is the caller's to set up (:func:`cli` does, with :func:`setup_logging`).
     """
     try:
-        typed, data, num_steps, resume_from = prepare(config)
+        typed, data, plan, resume_from = prepare(config)
     except ValueError as err:
         logger.error("Bad config: %s", err)
         return EXIT_BAD_CONFIG
@@ -281,7 +273,7 @@ def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
     )
     attempts = _Attempts(resume_from=resume_from, last_good=resume_from, stop_signals=StopSignals())
     try:
-        return _train(typed, data, num_steps, tracker, attempts)
+        return _train(typed, data, plan, tracker, attempts)
     finally:
         try:  # still under the stop handlers: a second signal here cuts the teardown short, not the exit code
             _teardown(typed, tracker, attempts.trainer)
@@ -294,25 +286,42 @@ def run(config: ComposedConfig | DictConfig | PPOConfig) -> int:
             attempts.stop_signals.restore()
 
 
-def _train(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> int:
-    """Start Ray, then attempt until one finishes or the restart rule gives up; returns the exit code."""
+def _train(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) -> int:
+    """Start Ray, resolve and log the run plan, then attempt until one finishes or the restart rule gives up; returns
+    the exit code."""
     signals = attempts.stop_signals
     try:
         start_ray(typed)
+        plan = _resolve_plan(typed, plan)
     except ValueError as err:
         logger.error("Bad config: %s", err)
         return EXIT_BAD_CONFIG
     if signals is not None:
         signals.install()  # after ray.init, which installs its own SIGTERM handler in the driver
     try:
-        return _attempt_until_done(typed, data, num_steps, tracker, attempts)
+        return _attempt_until_done(typed, data, plan, tracker, attempts)
     except KeyboardInterrupt:  # in an attempt or in the restart rule between two
         if signals is None or signals.stopped_at_once is None:
             raise
         return _stopped_at_once(signals.stopped_at_once, typed, attempts)
 
 
-def _attempt_until_done(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> int:
+def _resolve_plan(typed: PPOConfig, plan: RunPlan) -> RunPlan:
+    """The run plan with ``trainer.device=auto`` resolved on the cluster Ray runs (its GPUs, else the CPU), logged
+    as one block: the plan the workers get and each checkpoint saves.
+
+    Raises:
+        ValueError: a setting the resolved device cannot run (megatron-core's optimizer without CUDA).
+    """
+    if plan.device == "auto":
+        from verl.trainer.ray_setup import _cluster_has_gpus
+
+        plan = resolve_device(plan, typed, _cluster_has_gpus())
+    logger.info("run plan (derived from the config; saved as run_plan.json in each checkpoint):\n%s", plan.describe())
+    return plan
+
+
+def _attempt_until_done(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) -> int:
     """Attempt until one finishes or the restart rule gives up; returns the exit code.
 
     Raises:
@@ -323,7 +332,7 @@ def _attempt_until_done(typed: PPOConfig, data, num_steps: int, tracker, attempt
     fresh_loader_state = data.train_loader.state_dict()  # a restart with no checkpoint starts the data over
     while True:
         try:
-            _attempt(typed, data, num_steps, tracker, attempts)
+            _attempt(typed, data, plan, tracker, attempts)
             return EXIT_OK
         except WorkerDiedError as err:
             code = _restart_after_death(err, typed, data.train_loader, fresh_loader_state, attempts)
@@ -342,8 +351,9 @@ def _attempt_until_done(typed: PPOConfig, data, num_steps: int, tracker, attempt
             return EXIT_BAD_CHECKPOINT
 
 
-def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempts) -> None:
-    """One attempt: build the worker groups and a trainer on them, and fit from ``attempts.resume_from``.
+def _attempt(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) -> None:
+    """One attempt: build the worker groups and a trainer on them (with the run ``plan``), and fit from
+    ``attempts.resume_from``.
 
     Raises:
         WorkerDiedError: a worker died (or hung in a collective); the groups are shut down and ``attempts.last_good``
@@ -356,7 +366,7 @@ def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempt
         CheckpointError: a worker found the checkpoint to resume from damaged; the groups are shut down.
     """
     from verl.single_controller import WorkerDiedError
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, TrainerRun
 
     attempts.trainer, groups = None, ()
     signals = attempts.stop_signals
@@ -366,24 +376,10 @@ def _attempt(typed: PPOConfig, data, num_steps: int, tracker, attempts: _Attempt
 
             last = attempts.last_good
             raise Preempted(signals.requested, step_of_checkpoint(last) if last is not None else 0, last)
-        groups = build_worker_groups(typed, num_steps)
-        actor_wg, critic_wg, reward_model_wg, rollout_wg = groups
-        attempts.trainer = RayPPOTrainer(
-            typed,
-            data.train_loader,
-            data.val_batches,
-            data.reward_fn,
-            actor_wg,
-            critic_wg,
-            reward_model_wg,
-            tracker,
-            num_steps,
-            rollout_wg=rollout_wg,
-            resume_from=attempts.resume_from,
-            restarts=attempts.restarts,
-            tokenizer=data.tokenizer,
-            stop_signals=signals,
-        )
+        num_steps = plan.total_training_steps
+        groups = build_worker_groups(typed, plan)
+        run = TrainerRun(num_steps, attempts.resume_from, attempts.restarts, signals, plan=plan)
+        attempts.trainer = RayPPOTrainer(typed, groups, data, tracker, run)
         attempts.trainer.fit()
     except WorkerDiedError:
         trainer = attempts.trainer

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verl.workers.config import PPOConfig
+from verl.workers.config.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +42,8 @@ def start_ray(config: PPOConfig) -> None:
         )
     repo_root = str(Path(__file__).resolve().parents[2])
     pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    # the node's cores split evenly over the worker processes (a rollout group of its own counts too)
-    threads = max(1, (os.cpu_count() or 1) // (config.world_size + num_rollout_workers(config)))
+    # the node's cores split evenly over every worker process placed on it (actor, critic, reward model, rollout)
+    threads = threads_per_process(os.cpu_count() or 1, processes_per_node(config))
     # Ray starts its workers at niceness 15, so that its own daemons stay responsive; our workers do the training,
     # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
     # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
@@ -74,12 +78,6 @@ def start_ray(config: PPOConfig) -> None:
         )
 
 
-def num_rollout_workers(config: PPOConfig) -> int:
-    """Ranks of the rollout worker group of its own (``hybrid_engine=false``); 0 when the rollout lives in the actor
-    workers."""
-    return config.rollout.world_size if config.separate_rollout else 0
-
-
 def worker_classes(strategy: str):
     """(actor-rollout-ref worker class, critic worker class) of a backend: the one place a backend is chosen."""
     if strategy == "megatron":
@@ -97,112 +95,179 @@ def worker_classes(strategy: str):
     return DPActorRolloutRefWorker, DPCriticWorker
 
 
-def build_worker_groups(config: PPOConfig, num_steps: int):
-    """The actor (+rollout, +ref) worker group, the critic group when a value model is needed, the reward-model
-    group with ``reward_model.enable`` (:class:`~verl.workers.reward_model.RewardModelWorker`), and the rollout
-    group of its own with ``hybrid_engine=false`` (:class:`~verl.workers.rollout_worker.RolloutWorker`): ``(actor,
-    critic or None, reward model or None, rollout or None)``.
+@dataclass(frozen=True)
+class WorkerGroups:
+    """The worker groups of one attempt, by name.
 
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks, ``n_gpus_per_node`` on each node; the groups share
-    one resource pool, so rank ``r`` of each runs in the same bundle (same node, same GPU). The rollout group has a
-    pool of its own (``rollout.nnodes`` x ``rollout.n_gpus_per_node``, a device each). On failure, whatever was
-    started is torn down before the error propagates.
+    Iterating yields the groups that exist, in the order they started (what :func:`shutdown_groups` takes).
+
+    Attributes:
+        actor_rollout_ref: the actor (+ rollout, + reference) group; always there.
+        critic: the critic group when a value model trains, else None.
+        reward_model: the reward-model group with ``reward_model.enable``, else None.
+        rollout: the rollout group of its own (``actor_rollout_ref.hybrid_engine=false``), else None.
+    """
+
+    actor_rollout_ref: Any
+    critic: Any = None
+    reward_model: Any = None
+    rollout: Any = None
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic is not None
+
+    @property
+    def has_reward_model(self) -> bool:
+        return self.reward_model is not None
+
+    @property
+    def has_rollout_group(self) -> bool:
+        """Whether the rollout runs in a group of its own (else it lives in the actor workers)."""
+        return self.rollout is not None
+
+    def __iter__(self) -> Iterator[Any]:
+        groups = (self.actor_rollout_ref, self.critic, self.reward_model, self.rollout)
+        return iter([group for group in groups if group is not None])
+
+
+def processes_per_node(config: PPOConfig) -> int:
+    """Worker processes a node of the run holds: ``trainer.n_gpus_per_node`` ranks of each colocated group (actor,
+    critic, reward model) plus the rollout group's ``rollout.n_gpus_per_node`` when it has a group of its own."""
+    colocated = 1 + int(config.needs_critic) + int(config.reward_model.enable)
+    return config.trainer.n_gpus_per_node * colocated + num_rollout_workers_per_node(config)
+
+
+def num_rollout_workers_per_node(config: PPOConfig) -> int:
+    """Ranks of the rollout group of its own on one node (0: the rollout lives in the actor workers)."""
+    return config.rollout.n_gpus_per_node if config.separate_rollout else 0
+
+
+def threads_per_process(cores: int, processes: int) -> int:
+    """``VERL_NUM_THREADS``: a node's cores split evenly over the worker processes placed on it, 1 at least."""
+    return max(1, cores // max(1, processes))
+
+
+def build_worker_groups(config: PPOConfig, plan: RunPlan) -> WorkerGroups:
+    """Start the run's worker groups: actor (+rollout, +ref); critic when a value model trains; reward model with
+    ``reward_model.enable`` (:class:`~verl.workers.reward_model.RewardModelWorker`); the rollout group of its own
+    with ``hybrid_engine=false`` (:class:`~verl.workers.rollout_worker.RolloutWorker`).
+
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks share one resource pool, so rank ``r`` of each group runs
+    in the same bundle (same node, same GPU); the rollout group has a pool of its own (``rollout.nnodes`` x
+    ``rollout.n_gpus_per_node``, a device each). Every worker gets the config and the run ``plan`` (its device, the
+    passes a step runs, ``total_training_steps``, which sizes the LR schedules). On failure, whatever was started is
+    torn down first.
 
     Raises:
         PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
         WorkerDiedError: a worker died while the groups started.
     """
-    from verl.single_controller import (
-        PlacementError,
-        RayClassWithInitArgs,
-        RayResourcePool,
-        RayWorkerGroup,
-    )
-    from verl.utils.profiler import worker_runtime_env
+    from verl.single_controller import PlacementError
+
+    use_gpu = plan.device == "cuda" or (plan.device == "auto" and _cluster_has_gpus())
+    pool, rollout_pool = _resource_pools(config, use_gpu)
+    started: list = []
+    timeout_s = config.trainer.collective_timeout_s
+    try:
+        # verl's actor_rollout_ref.nccl_timeout is the actor group's collective timeout (null: the trainer's)
+        actor_timeout_s = config.actor_rollout_ref.nccl_timeout or timeout_s
+        actor_cls = worker_classes(config.actor_rollout_ref.actor.strategy)[0]
+        groups = {
+            "actor_rollout_ref": _start_group(
+                config, plan, "actor_rollout_ref", actor_cls, pool, actor_timeout_s, started
+            )
+        }
+        if plan.needs_critic:
+            critic_cls = worker_classes(plan.critic_strategy)[1]
+            groups["critic"] = _start_group(config, plan, "critic", critic_cls, pool, timeout_s, started)
+        if config.reward_model.enable:
+            from verl.workers.reward_model import RewardModelWorker
+
+            groups["reward_model"] = _start_group(
+                config, plan, "reward_model", RewardModelWorker, pool, timeout_s, started
+            )
+        if rollout_pool is not None:
+            from verl.workers.rollout_worker import RolloutWorker
+
+            groups["rollout"] = _start_group(config, plan, "rollout", RolloutWorker, rollout_pool, timeout_s, started)
+    except PlacementError as err:
+        shutdown_groups(*started)
+        raise _placement_error(config, use_gpu, err) from None
+    except BaseException:
+        shutdown_groups(*started)
+        raise
+    return WorkerGroups(**groups)
+
+
+def _resource_pools(config: PPOConfig, use_gpu: bool):
+    """(the pool the colocated groups share, the rollout group's own pool or None), each rank's CPU share sized
+    by every worker process a node holds."""
+    from verl.single_controller import RayResourcePool
 
     trainer = config.trainer
-    use_gpu = trainer.device == "cuda" or (trainer.device == "auto" and _cluster_has_gpus())
     groups = 1 + int(config.needs_critic) + int(config.reward_model.enable)
-    # a rollout group of its own may share the nodes: its workers count towards each node's share
-    rollout_per_node = config.rollout.n_gpus_per_node if config.separate_rollout else 0
-    cpus = cpus_per_worker(
-        trainer.nnodes, trainer.n_gpus_per_node * groups + rollout_per_node, trainer.n_gpus_per_node if use_gpu else 0
-    )
+    cpus = cpus_per_worker(trainer.nnodes, processes_per_node(config), trainer.n_gpus_per_node if use_gpu else 0)
     pool = RayResourcePool(
         config.world_size,
         num_cpus_per_worker=cpus,
         num_gpus_per_worker=(1 / groups) if use_gpu else 0,
         nnodes=trainer.nnodes,
         max_colocate=groups,
-        placement_timeout_s=config.trainer.placement_timeout_s,
+        placement_timeout_s=trainer.placement_timeout_s,
     )
-    started = []
+    if not config.separate_rollout:
+        return pool, None
+    rollout_pool = RayResourcePool(
+        config.rollout.world_size,
+        num_cpus_per_worker=cpus,
+        num_gpus_per_worker=1 if use_gpu else 0,
+        nnodes=config.rollout.nnodes,
+        placement_timeout_s=trainer.placement_timeout_s,
+    )
+    return pool, rollout_pool
 
-    profiled = config.profiler_sections()
 
-    def start(worker_cls, name_prefix: str, collective_timeout_s: float, worker_pool=pool):
-        enabled = any(section.enable for _, section in profiled.get(name_prefix, []))
-        # tool nsys: the profiled groups' workers run under Nsight Systems
-        runtime_env = worker_runtime_env(config.global_profiler) if enabled else {}
-        group = RayWorkerGroup(
-            worker_pool,
-            RayClassWithInitArgs(worker_cls, config, num_steps),
-            name_prefix=name_prefix,
-            collective_timeout_s=collective_timeout_s,
-            runtime_env={**runtime_env, "env_vars": worker_env_vars(trainer)},
-        )
-        started.append(group)
-        for line in group.init_model():
-            logger.info("%s", line)
-        # ranks of one model-parallel group share their rows (megatron tensor parallelism)
-        group.set_data_parallel_layout(group.execute_all("data_parallel_layout"))
-        return group
+def _start_group(config: PPOConfig, plan: RunPlan, name_prefix: str, worker_cls, pool, timeout_s: float, started):
+    """Start the group ``name_prefix`` (its role's name), build its models, and learn its data-parallel layout; the
+    group is appended to ``started`` as soon as it exists, so that a failure can tear it down."""
+    from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup
+    from verl.utils.profiler import worker_runtime_env
 
-    try:
-        # verl's actor_rollout_ref.nccl_timeout is the actor group's collective timeout (null: the trainer's)
-        actor_timeout_s = config.actor_rollout_ref.nccl_timeout or config.trainer.collective_timeout_s
-        actor_cls = worker_classes(config.actor_rollout_ref.actor.strategy)[0]
-        actor_wg = start(actor_cls, "actor_rollout_ref", actor_timeout_s)
-        critic_wg = (
-            start(worker_classes(config.critic_strategy)[1], "critic", config.trainer.collective_timeout_s)
-            if config.needs_critic
-            else None
-        )
-        reward_model_wg = None
-        if config.reward_model.enable:
-            from verl.workers.reward_model import RewardModelWorker
+    enabled = any(section.enable for _, section in config.profiler_sections().get(name_prefix, []))
+    # tool nsys: the profiled groups' workers run under Nsight Systems
+    runtime_env = worker_runtime_env(config.global_profiler) if enabled else {}
+    group = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(worker_cls, config, plan.total_training_steps, plan),
+        name_prefix=name_prefix,
+        collective_timeout_s=timeout_s,
+        runtime_env={**runtime_env, "env_vars": worker_env_vars(config.trainer)},
+    )
+    started.append(group)
+    for line in group.init_model():
+        logger.info("%s", line)
+    # ranks of one model-parallel group share their rows (megatron tensor parallelism)
+    group.set_data_parallel_layout(group.execute_all("data_parallel_layout"))
+    return group
 
-            reward_model_wg = start(RewardModelWorker, "reward_model", config.trainer.collective_timeout_s)
-        rollout_wg = None
-        if config.separate_rollout:
-            from verl.workers.rollout_worker import RolloutWorker
 
-            rollout = config.rollout
-            rollout_pool = RayResourcePool(
-                rollout.world_size,
-                num_cpus_per_worker=cpus,
-                num_gpus_per_worker=1 if use_gpu else 0,
-                nnodes=rollout.nnodes,
-                placement_timeout_s=config.trainer.placement_timeout_s,
-            )
-            rollout_wg = start(RolloutWorker, "rollout", config.trainer.collective_timeout_s, rollout_pool)
-    except PlacementError as err:
-        shutdown_groups(*started)
-        rollout_ranks = (
-            f" plus rollout.nnodes={config.rollout.nnodes} x rollout.n_gpus_per_node={config.rollout.n_gpus_per_node}"
-            if config.separate_rollout
-            else ""
-        )
-        raise PlacementError(
-            f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node}{rollout_ranks} "
-            f"({'GPU' if use_gpu else 'CPU'} ranks) does not fit the Ray cluster: {err} Add nodes "
-            "(`ray start --address=<head>` on each, see docs/start/multinode.md) or lower trainer.nnodes / "
-            "trainer.n_gpus_per_node."
-        ) from None
-    except BaseException:
-        shutdown_groups(*started)
-        raise
-    return actor_wg, critic_wg, reward_model_wg, rollout_wg
+def _placement_error(config: PPOConfig, use_gpu: bool, err: Exception) -> Exception:
+    """The placement error of the run's groups, naming the keys that size them."""
+    from verl.single_controller import PlacementError
+
+    trainer, rollout = config.trainer, config.rollout
+    rollout_ranks = (
+        f" plus rollout.nnodes={rollout.nnodes} x rollout.n_gpus_per_node={rollout.n_gpus_per_node}"
+        if config.separate_rollout
+        else ""
+    )
+    return PlacementError(
+        f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node}{rollout_ranks} "
+        f"({'GPU' if use_gpu else 'CPU'} ranks) does not fit the Ray cluster: {err} Add nodes "
+        "(`ray start --address=<head>` on each, see docs/start/multinode.md) or lower trainer.nnodes / "
+        "trainer.n_gpus_per_node."
+    )
 
 
 def worker_env_vars(trainer) -> dict[str, str]:

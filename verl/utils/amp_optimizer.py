@@ -25,13 +25,39 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:  # the schema lives with the workers' config; only its attributes are read here
-    from verl.workers.config import LossScaleConfig, OptimConfig
+
+class LossScaleConfig(Protocol):
+    """What the dynamic loss scale reads of its settings (:class:`verl.workers.config.LossScaleConfig`, a dataclass).
+
+    The schema lives with the workers' config, above this module; only these attributes are read here.
+    """
+
+    initial_loss_scale: float
+    min_loss_scale: float
+    loss_scale_window: int
+    hysteresis: int
+
+
+class OptimConfig(Protocol):
+    """What the optimizer builders read of an ``optim`` section (:class:`verl.workers.config.OptimConfig`)."""
+
+    lr: float
+    betas: Any
+    eps: float
+    weight_decay: float
+    clip_grad: float
+    min_lr_ratio: float
+
+    def loss_scale(self) -> LossScaleConfig: ...
+
+    def scheduler_name(self) -> str: ...
+
+    def num_warmup_steps(self, total_training_steps: int) -> int: ...
 
 
 class DynamicLossScale:

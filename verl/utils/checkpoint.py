@@ -259,7 +259,7 @@ def verify_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("acto
     ``torch.save`` zip archives that load with ``weights_only=True`` (memory-mapped, so tensor data is not read)
     into a dict; each ``<role>/model.safetensors`` must have a valid header and exactly the size the header
     declares. Shards are checked the same way: each ``mp_rank_XX/`` like a role directory, and ``sharded/``'s
-    ``.metadata`` and ``.distcp`` files by :func:`verl.utils.fsdp_checkpoint.verify_sharded_checkpoint` (the index
+    ``.metadata`` and ``.distcp`` files by :func:`verl.utils.dcp_metadata.verify_sharded_checkpoint` (the index
     readable, every shard file present and as long as the index says). Foreign pickles are refused by the
     weights-only unpickler, never executed.
 
@@ -284,9 +284,10 @@ def verify_checkpoint(step_dir: str | os.PathLike, roles: Iterable[str] = ("acto
         for rng_state in sorted(role_dir.glob(RNG_STATE_GLOB)):
             _verify_state_file(rng_state)
         if (role_dir / "sharded").is_dir():
-            from verl.utils.fsdp_checkpoint import verify_sharded_checkpoint
+            # imported here: torch.distributed.checkpoint is only needed when a role holds DCP shards
+            from verl.utils.dcp_metadata import SHARDED_DIR, verify_sharded_checkpoint
 
-            verify_sharded_checkpoint(role_dir / "sharded")
+            verify_sharded_checkpoint(role_dir / SHARDED_DIR)
 
 
 def _verify_state_file(path: Path) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,107 +35,21 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from verl.utils.checkpoint import CheckpointError, CheckpointWriteError, describe_os_error
+from verl.utils.checkpoint import WEIGHTS_FILE, save_weights
+from verl.utils.checkpoint_errors import CheckpointError, CheckpointWriteError, describe_os_error
+from verl.utils.dcp_metadata import (  # noqa: F401  (verl.utils.fsdp_checkpoint's public names)
+    METADATA_FILE,
+    SHARDED_DIR,
+    read_metadata,
+    verify_sharded_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
-SHARDED_DIR = "sharded"
 HF_EXPORT_DIR = "huggingface"
-_METADATA_FILE = ".metadata"
 _OPTIM_PREFIX = "optim."
-
-# What DCP's metadata pickle may name: its own dataclasses, torch sizes, dtypes and layouts, a path.
-_METADATA_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"}
-_TORCH_NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout")}
-_PATH_NAMES = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath")}
-
-
-class _RefusedGlobal(pickle.UnpicklingError):
-    """The metadata pickle names a global DCP metadata never holds (told apart from a truncated pickle)."""
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only the globals DCP metadata consists of; anything else is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        # a dotted name walks attributes (protocol 4: "os.system" reached through an allowed module): never
-        allowed = "." not in name and (
-            module in _METADATA_MODULES
-            or (module, name) in _TORCH_NAMES
-            or (module, name) in _PATH_NAMES
-            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
-        )
-        if not allowed:
-            raise _RefusedGlobal(f"it names {module}.{name}, which DCP metadata never holds")
-        found = super().find_class(module, name)
-        if module in _METADATA_MODULES and not (isinstance(found, type) and found.__module__ == module):
-            # of DCP's own modules only the classes they define (not a function or a module they import)
-            raise _RefusedGlobal(f"it names {module}.{name}, which DCP metadata never holds")
-        return found
-
-
-def read_metadata(directory: str | os.PathLike) -> Metadata:
-    """DCP's ``.metadata`` of a sharded checkpoint, checked: tensors only, every shard file present.
-
-    Raises:
-        CheckpointError: the file is missing or damaged, names a global DCP metadata never holds (refused without
-            running any of it), describes non-tensor entries, or refers to a shard file that is missing.
-    """
-    directory = Path(directory)
-    path = directory / _METADATA_FILE
-    if not path.is_file():
-        raise CheckpointError(path, "is missing (the sharded checkpoint is incomplete)")
-    try:
-        with open(path, "rb") as handle:
-            metadata = _MetadataUnpickler(handle).load()
-    except _RefusedGlobal as err:
-        raise CheckpointError(path, f"was not written by this trainer: {err}; it was refused unexecuted") from err
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, IndexError, KeyError) as err:
-        # a truncated pickle ends in EOFError or UnpicklingError ("pickle data was truncated")
-        raise CheckpointError(
-            path, f"is damaged or was not written by this trainer ({err or type(err).__name__})"
-        ) from err
-    if not isinstance(metadata, Metadata):
-        raise CheckpointError(path, f"was not written by this trainer (it holds a {type(metadata).__name__})")
-    non_tensor = [k for k, v in metadata.state_dict_metadata.items() if not isinstance(v, TensorStorageMetadata)]
-    if non_tensor:
-        # DCP unpickles non-tensor entries with weights_only=False: never load them
-        raise CheckpointError(path, f"describes non-tensor entries {non_tensor[:3]}, which this trainer never writes")
-    files = sorted({info.relative_path for info in (metadata.storage_data or {}).values()})
-    missing = [name for name in files if not (directory / name).is_file()]
-    if missing:
-        raise CheckpointError(directory / missing[0], "is missing (the sharded checkpoint is incomplete)")
-    return metadata
-
-
-def verify_sharded_checkpoint(directory: str | os.PathLike) -> Metadata:
-    """:func:`read_metadata`, and every ``.distcp`` file at least as long as the index's last byte in it.
-
-    Cheap (sizes only, no tensor is read): the driver runs it on the checkpoint it resumes from, and every rank
-    before it loads, so that a truncated shard is named instead of failing inside DCP.
-
-    Returns:
-        The checkpoint's metadata.
-
-    Raises:
-        CheckpointError: as :func:`read_metadata`, or a shard file shorter than the index says (truncated).
-    """
-    directory = Path(directory)
-    metadata = read_metadata(directory)
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), int(info.offset) + int(info.length))
-    for name, end in sorted(needed.items()):
-        size = (directory / name).stat().st_size
-        if size < end:
-            raise CheckpointError(
-                directory / name,
-                f"is damaged: {size} bytes, but {_METADATA_FILE} places shard data up to byte {end} (an interrupted "
-                "write or a truncated copy)",
-            )
-    return metadata
 
 
 class _WeightsOnlyReader(FileSystemReader):
@@ -147,7 +60,7 @@ class _WeightsOnlyReader(FileSystemReader):
         rank = kwargs.get("rank")
         if rank is not None:  # DCP's no-collective mode keeps one metadata file per rank; we never write those
             raise CheckpointError(
-                Path(str(self.path)) / f"__{rank}{_METADATA_FILE}", "is not a file this trainer writes"
+                Path(str(self.path)) / f"__{rank}{METADATA_FILE}", "is not a file this trainer writes"
             )
         metadata = read_metadata(Path(str(self.path)))
         if metadata.storage_meta is None:
@@ -326,8 +239,6 @@ def export_huggingface(
     if generation_config is not None:
         generation_config.save_pretrained(directory)
     if weights is not None:
-        from verl.utils.checkpoint import WEIGHTS_FILE, save_weights
-
         save_weights(directory / WEIGHTS_FILE, weights)
         return
     target = directory / Path(weights_file).name
@@ -339,4 +250,4 @@ def export_huggingface(
 
 def is_sharded_checkpoint(role_dir: str | os.PathLike) -> bool:
     """Whether ``role_dir`` holds a DCP checkpoint (written by the ``fsdp2`` backend)."""
-    return (Path(role_dir) / SHARDED_DIR / _METADATA_FILE).is_file()
+    return (Path(role_dir) / SHARDED_DIR / METADATA_FILE).is_file()

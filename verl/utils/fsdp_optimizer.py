@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from verl.utils.amp_optimizer import AmpOptimizer, adamw_kwargs, build_scheduler
+from verl.utils.amp_optimizer import AmpOptimizer, LossScaleConfig, OptimConfig, adamw_kwargs, build_scheduler
 from verl.utils.fsdp_utils import local_tensor
-
-if TYPE_CHECKING:
-    from verl.workers.config import LossScaleConfig, OptimConfig
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,10 @@ require gradients holds the adapters only. The model keeps its class (a ``transf
 layers became peft ``lora.Linear`` modules): the actor's forward passes, the rollout's decoding, FSDP2 sharding and
 checkpoints work on it as on any Hugging Face model. The ``PeftModel`` around it is kept for two things only: switching
 the adapters off for the reference policy (:meth:`PeftModel.disable_adapter`, no second copy of the weights) and
-writing the adapter directory peft loads (:func:`save_lora_adapter`). :func:`check_lora_targets` runs the same
-injection on an empty (meta-device) copy of the model at start-up, so a ``target_modules`` that matches nothing or a
-rank wider than a targeted layer fails before any worker starts, with the key named.
+writing the adapter directory peft loads (:func:`save_lora_adapter`).
+:func:`verl.models.lora_targets.check_lora_targets` runs the same injection on an empty (meta-device) copy of the
+model at start-up, so a ``target_modules`` that matches nothing or a rank wider than a targeted layer fails before
+any worker starts, with the key named.
 
 The naive and hf rollouts sample from the actor's own module, adapters included, so they need no sync. A rollout
 that holds its own weights (vLLM) gets the merged weights ``W + (alpha / r) B A`` under the plain model's names after
@@ -155,45 +156,6 @@ def _check_rank_fits(peft_model: Any, key: str) -> None:
                     f"{layer.out_features}, at most rank {width}) (adapter {adapter!r}); use lora_rank <= {width} "
                     "or leave that layer out with exclude_modules."
                 )
-
-
-def check_lora_targets(model_config: Any, *, key: str = KEY) -> int:
-    """Start-up check of the adapters on an empty (meta-device) copy of the model: no weights are read.
-
-    Returns:
-        The number of trainable (adapter) parameters the run will have.
-
-    Raises:
-        ValueError: as :func:`add_lora_adapters`.
-    """
-    from transformers import AutoModelForCausalLM
-
-    from verl.models.loading import load_hf_config
-
-    hf_config = load_hf_config(model_config.path, model_config.trust_remote_code, model_config.override_config)
-    with torch.device("meta"):
-        module = AutoModelForCausalLM.from_config(hf_config)
-    if getattr(model_config, "lora_adapter_path", None):
-        return _count_adapter_params(model_config.lora_adapter_path)
-    add_lora_adapters(module, model_config, key=key)
-    return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
-def _count_adapter_params(path: str) -> int:
-    """Parameters in a saved adapter's weights file (0 when it has none)."""
-    from safetensors import safe_open
-
-    weights = Path(path) / "adapter_model.safetensors"
-    if not weights.is_file():
-        return 0
-    num_params = 0
-    with safe_open(str(weights), framework="pt") as handle:
-        for name in handle.keys():
-            numel = 1
-            for size in handle.get_slice(name).get_shape():
-                numel *= size
-            num_params += numel
-    return num_params
 
 
 def save_lora_adapter(

@@ -5,20 +5,49 @@ samples or runs out of it on long ones. A token budget packs as many consecutive
 ``max_token_len`` real (attention-mask) tokens into each micro-batch, so the work per micro-batch follows the real
 tokens. Samples keep their order, so per-sample outputs concatenate back in the batch's order; a sample longer than
 the budget on its own is a micro-batch of one (the config refuses budgets below the longest possible sample).
+The functions take any batch of rows that behaves like a :class:`verl.protocol.DataProto` (:class:`RowBatch`) and
+return the same type, so this module sits below ``verl.protocol`` and imports nothing from verl above it;
+:class:`MicroBatching`, the three settings a split needs, lives here for the same reason (the config sections
+build it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from verl.protocol import DataProto
 
-if TYPE_CHECKING:
-    from verl.workers.config.roles import MicroBatching
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a batch splits into micro-batches: ``size`` samples each, or (``use_dynamic_bsz``) as many samples as
+    fit ``max_token_len`` real tokens (see :func:`split_micro_batches`). Not a section of the YAML: each config
+    section that has these three settings hands them over as one."""
+
+    size: int | None  # None only with use_dynamic_bsz (PPOConfig refuses it otherwise)
+    use_dynamic_bsz: bool
+    max_token_len: int
+
+
+class RowBatch(Protocol):
+    """What these functions use of a batch (a :class:`verl.protocol.DataProto`): the tensors, the number of rows,
+    and new batches of some of the rows."""
+
+    batch: Any  # a TensorDict holding ``attention_mask`` (B, S)
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, rows: slice) -> Any: ...
+
+    def split(self, split_size: int) -> Sequence[Any]: ...
+
+    def select_idxs(self, idxs: torch.Tensor) -> Any: ...
+
+
+Rows = TypeVar("Rows", bound=RowBatch)
 
 
 def token_budget_bounds(num_tokens: list[int], max_token_len: int) -> list[tuple[int, int]]:
@@ -37,7 +66,7 @@ def token_budget_bounds(num_tokens: list[int], max_token_len: int) -> list[tuple
     return bounds
 
 
-def split_micro_batches(data: DataProto, batching: MicroBatching) -> list[DataProto]:
+def split_micro_batches(data: Rows, batching: MicroBatching) -> list[Rows]:
     """Micro-batches of ``data`` (in order): ``batching.size`` samples each, or by token budget.
 
     Args:
@@ -50,7 +79,7 @@ def split_micro_batches(data: DataProto, batching: MicroBatching) -> list[DataPr
     return [data[start:end] for start, end in token_budget_bounds(num_tokens, batching.max_token_len)]
 
 
-def sort_by_length(data: DataProto) -> tuple[DataProto, torch.Tensor]:
+def sort_by_length(data: Rows) -> tuple[Rows, torch.Tensor]:
     """The rows of ``data`` from the fewest real (attention-mask) tokens to the most, and the way back.
 
     Micro-batches cut from sorted rows hold samples of similar length, so a forward pass that drops the columns that
@@ -60,7 +89,7 @@ def sort_by_length(data: DataProto) -> tuple[DataProto, torch.Tensor]:
     micro-batch by its share of the tokens or sequences (``UpdateLoop._micro_batch_weight``).
 
     Returns:
-        ``(sorted_data, restore)``: a new DataProto (the sort is stable) and the index with
+        ``(sorted_data, restore)``: a new batch of the same type (the sort is stable) and the index with
         ``per_row_output_of_sorted[restore]`` in ``data``'s row order.
     """
     lengths = data.batch["attention_mask"].sum(dim=-1)
@@ -68,7 +97,7 @@ def sort_by_length(data: DataProto) -> tuple[DataProto, torch.Tensor]:
     return data.select_idxs(order), torch.argsort(order)
 
 
-def split_to_count(micro_batches: list[DataProto], count: int) -> list[DataProto]:
+def split_to_count(micro_batches: list[Rows], count: int) -> list[Rows]:
     """``micro_batches`` cut further, until there are ``count`` of them: the one with the most rows is halved each
     time (its first half, then its second, in place), so the rows keep their order and every micro-batch stays within
     the token budget it was cut to.
@@ -91,8 +120,8 @@ def split_to_count(micro_batches: list[DataProto], count: int) -> list[DataProto
 
 
 def split_by_length(
-    data: DataProto, batching: MicroBatching, lockstep: LockstepGroup | None = None
-) -> tuple[list[DataProto], torch.Tensor]:
+    data: Rows, batching: MicroBatching, lockstep: LockstepGroup | None = None
+) -> tuple[list[Rows], torch.Tensor]:
     """Micro-batches of ``data`` cut from its length-sorted rows (:func:`sort_by_length`, then
     :func:`split_micro_batches`), and the index that puts the concatenated per-row outputs back in ``data``'s order.
 

@@ -7,12 +7,15 @@ is a ``ValueError`` reading ``Unknown <kind>: <name>`` that lists the registered
 code that registers must be imported in every process that looks the name up, which is why configs can name a
 ``module`` to import first. A registry also answers the dict operations verl's registries (plain dicts) offer:
 ``name in r``, ``r[name]``, ``r[name] = obj``, ``del r[name]``, ``len``, ``keys``/``values``/``items``,
-``update`` and ``clear``; every write goes through the duplicate rule.
+``update`` and ``clear``; every write goes through the duplicate rule. A registry may name the module that holds
+its built-in entries (``builtins``): it is imported on first use, so a registry can live below both the config that
+validates a name and the implementations that register under it, and still know the built-in names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -32,12 +35,29 @@ class Registry(Generic[T]):
     Args:
         kind: what the registry holds, in words ("update-outcome handler"); used in error messages.
         config_key: the config key users set to choose an entry, named in lookup errors (optional).
+        builtins: the importable module that registers the built-in entries (optional). It is imported before the
+            registry is first read or written, by name: the registry's module never imports its implementations.
     """
 
-    def __init__(self, kind: str, config_key: str | None = None):
+    def __init__(self, kind: str, config_key: str | None = None, builtins: str | None = None):
         self.kind = kind
         self.config_key = config_key
-        self._entries: dict[str, T] = {}
+        self.builtins = builtins
+        self._builtins_loaded = builtins is None
+        self._store: dict[str, T] = {}
+
+    @property
+    def _entries(self) -> dict[str, T]:
+        """The name -> object table, with the built-ins registered first."""
+        if not self._builtins_loaded:
+            # set before the import: the built-in module registers through add(), which reads this table again
+            self._builtins_loaded = True
+            try:
+                importlib.import_module(self.builtins)
+            except BaseException:
+                self._builtins_loaded = False
+                raise
+        return self._store
 
     def add(self, name: str, obj: T) -> T:
         """Register ``obj`` under ``name`` and return it.

@@ -2,10 +2,14 @@
 
 The driver calls their ``@register``'ed methods on the whole group; DataProto arguments are split across ranks and
 the results gathered (``Dispatch.DP_COMPUTE_PROTO``). Both receive the validated
-:class:`~verl.workers.config.PPOConfig`. The backend (``dp`` or ``megatron``) only decides how the models are
-built (:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_critic`, implemented in
-``dp_workers.py`` and ``megatron_workers.py``); everything else — rollout over the actor's own forward pass,
-log-probs, updates, checkpoints — is the same code for both.
+:class:`~verl.workers.config.PPOConfig` and the :class:`~verl.workers.config.plan.RunPlan` (the device, which passes
+a step runs, the step count). A worker hosts its roles' objects: the actor, the reference and the rollout
+(:class:`~verl.workers.roles.rollout.RolloutRole`), or the critic. The backend (``dp``, ``fsdp2``, ``megatron``)
+decides how the models are built (:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_critic`)
+and what happens around each pass (:meth:`_ModelWorker._placed_for`, which every pass enters through
+:meth:`_ModelWorker.phase`: megatron's offloading); everything else — rollout, log-probs, updates, checkpoints — is
+the same code for all. A registered method overridden in a subclass stays registered with its mode
+(:func:`~verl.single_controller.decorator.registered_methods`).
 
 Every call that computes log-probs or trains the actor (``compute_log_prob``, ``compute_ref_log_prob``,
 ``update_actor``, ``generate_with_log_probs``) takes the sampling temperature the samples were drawn at: the batch's
@@ -14,16 +18,17 @@ samples), else the config's (``actor_rollout_ref.rollout.temperature``); ``gener
 the temperature it sampled at. So log-probs are always taken at the sampling temperature, and the actor itself has
 no default to fall back on.
 
-A rollout that holds its own copy of the weights (``vllm``: an engine colocated in this worker) is kept in step
-with the actor: after every :meth:`ActorRolloutRefWorker.update_actor` in which at least one update succeeded,
-and after a checkpoint is loaded, the actor's weights stream into it with Hugging Face names, a tensor at a time
-(:meth:`ActorRolloutRefWorker._iter_hf_weights`, which a backend overrides when its module is not a Hugging Face
-model or is sharded).
+A rollout that holds its own copy of the weights (``vllm``: an engine colocated in this worker) is kept in step with
+the actor: after every :meth:`ActorRolloutRefWorker.update_actor` whose result says an update was applied
+(:attr:`~verl.workers.update_outcome.result.UpdateResult.updated`), and after a checkpoint is loaded, the actor's
+weights stream into it with Hugging Face names, a tensor at a time (:meth:`ActorRolloutRefWorker._iter_hf_weights`,
+which a backend overrides when its module is not a Hugging Face model or is sharded).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import resource
@@ -39,26 +44,20 @@ from verl.single_controller import Dispatch, Worker, register
 from verl.utils.checkpoint import load_state, rng_state_path, save_state
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.config import ActorConfig, CriticConfig, PPOConfig
+from verl.workers.config.plan import RunPlan, build_run_plan
+from verl.workers.roles.rollout import RolloutRole, build_rollout_role, evaluating
+from verl.workers.update_outcome.result import UpdateResult
 
 logger = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def evaluating(module: torch.nn.Module):
-    """``module`` in eval mode for the block, then back in the mode it was in. Every pass that does not train runs
-    so: the rollout samples in eval mode, and the old log-probs, the reference's and the values must be those of
-    that same deterministic model, not of a draw of its dropout (a user's ``attention_dropout``, megatron's
-    ``hidden_dropout``, a megatron LoRA ``dropout``), which the update's forward passes keep."""
-    was_training = module.training
-    module.eval()
-    try:
-        yield module
-    finally:
-        module.train(was_training)
+def choose_device(device: str) -> str:
+    """The device this worker computes on: ``device`` (the run plan's, ``trainer.device`` as the driver resolved it),
+    ``auto`` resolved in this process.
 
-
-def choose_device(config: PPOConfig) -> str:
-    device = config.trainer.device
+    Raises:
+        ValueError: ``cuda`` asked for, and this worker sees no CUDA device.
+    """
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -66,14 +65,23 @@ def choose_device(config: PPOConfig) -> str:
     return device
 
 
-def setup_worker_process(worker: Worker) -> str:
-    """Thread count, torch.distributed (for several ranks) and the device of a freshly started worker."""
+def setup_worker_process(worker: Worker, device: str) -> str:
+    """Thread count, torch.distributed (for several ranks) and the device (see :func:`choose_device`) of a freshly
+    started worker."""
     threads = os.environ.get("VERL_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
     if worker.world_size > 1:
         worker.init_torch_distributed()
-    return choose_device(worker.config)
+    return choose_device(device)
+
+
+def worker_plan(config: PPOConfig, total_training_steps: int, plan: RunPlan | None) -> RunPlan:
+    """The run plan a worker works with: the driver's, or, for a worker built outside a group (a test, a script),
+    one derived from ``config`` with ``total_training_steps``."""
+    if plan is not None:
+        return plan
+    return dataclasses.replace(build_run_plan(config), total_training_steps=total_training_steps)
 
 
 def with_model_copies_in_shm(config: PPOConfig) -> PPOConfig:
@@ -105,9 +113,10 @@ class _ModelWorker(Worker):
     #: the worker group's role name, as ``PPOConfig.profiler_sections`` names it
     ROLE = ""
 
-    def __init__(self, config: PPOConfig, total_training_steps: int):
+    def __init__(self, config: PPOConfig, total_training_steps: int, plan: RunPlan | None = None):
         super().__init__()
         self.config = config
+        self.plan = worker_plan(config, total_training_steps, plan)
         self.total_training_steps = total_training_steps
         self._role_profiler = None
 
@@ -123,6 +132,20 @@ class _ModelWorker(Worker):
             sections = [section for _, section in self.config.profiler_sections().get(self.ROLE, [])]
             self._role_profiler = RoleProfiler(self.ROLE, sections, self.config.global_profiler, self.rank)
         return self._role_profiler
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """One pass of this worker (``gen``, ``old_log_prob``, ``ref``, ``update_actor``, ``values``,
+        ``update_critic``, ``checkpoint``): what the pass needs placed for it by the backend
+        (:meth:`_placed_for`), and the profiler's labelled range. Every pass a registered method runs goes through
+        here, so a backend changes what happens around every pass by overriding one method."""
+        with self._placed_for(name), self.profiler.phase(name):
+            yield
+
+    def _placed_for(self, name: str) -> contextlib.AbstractContextManager:
+        """What the backend does around the pass ``name`` (megatron: brings its offloaded parts to the device and
+        moves them out after); nothing here."""
+        return contextlib.nullcontext()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def start_profile(self, step: int) -> None:
@@ -193,7 +216,10 @@ class _ModelWorker(Worker):
         """Rank 0 writes the model and its training state (data-parallel ranks hold identical copies), or every rank
         of a model split over ranks, or of an optimizer that shards its state, its part (a collective, see
         :mod:`verl.workers.actor.megatron_checkpoint`); every rank writes its own random state."""
-        directory = Path(directory)
+        with self.phase("checkpoint"):
+            self._save_checkpoint(Path(directory))
+
+    def _save_checkpoint(self, directory: Path) -> None:
         if self.rank == 0 or self._checkpoint_is_collective():
             self._trained().save_checkpoint(directory)
         if self.rank == 0:
@@ -207,26 +233,45 @@ class _ModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, directory: str) -> None:
-        self._trained().load_checkpoint(directory)
-        self._load_rank_state(Path(directory))
+        """Load the trained model, its training state and this rank's random state from ``directory``."""
+        with self.phase("checkpoint"):
+            self._load_checkpoint(Path(directory))
+
+    def _load_checkpoint(self, directory: Path) -> None:
+        self._trained().load_checkpoint(str(directory))
+        self._load_rank_state(directory)
 
 
 class ActorRolloutRefWorker(_ModelWorker):
     """Actor + rollout + (optional) reference on one rank. Subclasses implement :meth:`_build_actor`.
 
     Args:
-        config: the whole validated trainer config.
+        config: the whole validated trainer config (its ``actor_rollout_ref`` section and the profiler's are read).
         total_training_steps: the run's step count (sizes the LR schedule).
+        plan: the run plan (which passes run, the device); None: derived from ``config`` (a worker built by hand).
     """
 
     ROLE = "actor_rollout_ref"
 
-    def __init__(self, config: PPOConfig, total_training_steps: int):
-        super().__init__(config, total_training_steps)
+    def __init__(self, config: PPOConfig, total_training_steps: int, plan: RunPlan | None = None):
+        super().__init__(config, total_training_steps, plan)
         self.actor: BasePPOActor | None = None
         self.ref: BasePPOActor | None = None
-        self.rollout = None
+        self.rollout_role: RolloutRole | None = None  # None: no rollout here (a group of its own samples)
         self.num_weight_syncs = 0
+
+    @property
+    def rollout(self):
+        """The rollout engine of the hosted :class:`~verl.workers.roles.rollout.RolloutRole` (None without one)."""
+        return None if self.rollout_role is None else self.rollout_role.engine
+
+    @rollout.setter
+    def rollout(self, engine) -> None:
+        # tools and tests put a stand-in in the engine's place (a recording wrapper), or drop it (None)
+        if engine is None:
+            self.rollout_role = None
+        else:
+            self.rollout_role.engine = engine
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> BasePPOActor:
         """Build the backend's actor (``trainable=False``: a frozen reference without optimizer)."""
@@ -241,7 +286,7 @@ class ActorRolloutRefWorker(_ModelWorker):
     def init_model(self) -> str:
         """Join torch.distributed, build actor, reference and rollout (none when the rollout has a worker group of
         its own); returns a one-line description."""
-        device = setup_worker_process(self)
+        device = setup_worker_process(self, self.plan.device)
         if self.config.actor_rollout_ref.model.use_shm:
             self.config = with_model_copies_in_shm(self.config)
         cfg = self.config
@@ -250,11 +295,11 @@ class ActorRolloutRefWorker(_ModelWorker):
         actor_config = arr.actor.per_rank(arr.rollout.n, self._dp_size())
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
-        if cfg.needs_reference:
+        if self.plan.needs_reference:
             self.ref = self._build_reference(actor_config, device)
-        if cfg.separate_rollout:  # the rollout runs in a worker group of its own (RolloutWorker)
+        if self.plan.separate_rollout:  # the rollout runs in a worker group of its own (RolloutWorker)
             return f"rank {self.rank}: {type(self.actor).__name__} ({getattr(self.actor, 'training_path', device)})"
-        self.rollout = self._build_rollout()
+        self.rollout_role = self._build_rollout()
         if self._rollout_holds_weights():
             # the engine loaded model.path (or random weights, load_format=dummy); the actor may start elsewhere: an
             # adapter (model.lora_adapter_path, megatron LoRA with a non-zero B init), a megatron dist checkpoint.
@@ -265,19 +310,9 @@ class ActorRolloutRefWorker(_ModelWorker):
             f"rollout {arr.rollout.name}"
         )
 
-    def _build_rollout(self):
-        from verl.models.loading import load_tokenizer
-        from verl.workers.rollout import get_rollout_cls
-
-        arr = self.config.actor_rollout_ref
-        tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
-        return get_rollout_cls(arr.rollout.name)(
-            self._rollout_model(),
-            # data-parallel ranks sample differently; ranks sharing a model split over them sample alike
-            arr.rollout.sampling_options(seed_offset=self._rollout_seed_offset()),
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+    def _build_rollout(self) -> RolloutRole:
+        """The rollout over the actor (see :func:`~verl.workers.roles.rollout.build_rollout_role`)."""
+        return build_rollout_role(self.config, self.actor, self._device(), self._rollout_seed_offset())
 
     def _build_reference(self, actor_config: ActorConfig, device: str):
         """The frozen reference policy: a LoRA actor's own model with its adapters off (no second copy, see
@@ -301,20 +336,6 @@ class ActorRolloutRefWorker(_ModelWorker):
         rollout = self.config.actor_rollout_ref.rollout
         return engine_index(rollout, self.rank) if rollout.name == "vllm" else self.data_parallel_layout()[0]
 
-    def _rollout_model(self):
-        """What the rollout samples from: the actor's own model, in the training precision (``naive``: the actor's
-        key/value-cached decoder; ``hf``: its module's ``generate``); for ``vllm`` an engine of its own, built here
-        from the model directory and synced with the actor after every update."""
-        rollout = self.config.actor_rollout_ref.rollout
-        if rollout.name == "hf":
-            return self.actor.model_module()
-        if rollout.name == "vllm":
-            from verl.workers.rollout.vllm_engine import build_vllm_engine
-
-            seed = rollout.seed + self._rollout_seed_offset()
-            return build_vllm_engine(self.config, seed=seed, device=self._device())
-        return self.actor.incremental_decoder()
-
     # ------------------------------------------------------------------ the RL step
 
     def _at_rollout_temperature(self, data: DataProto) -> DataProto:
@@ -325,27 +346,21 @@ class ActorRolloutRefWorker(_ModelWorker):
         return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta_info)
 
     def _generate(self, prompts: DataProto) -> DataProto:
-        """The rollout's output, tagged with the temperature it sampled at: the prompts' per-call override (as
-        validation's ``val_kwargs``), else the configured one."""
-        with evaluating(self.actor.model_module()), torch.no_grad(), self.profiler.phase("gen"):
-            output = self.rollout.generate_sequences(prompts.to(self._device()))
-        output.meta_info["temperature"] = prompts.meta_info.get(
-            "temperature", self.config.actor_rollout_ref.rollout.temperature
-        )
-        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
-            output.batch.pop("rollout_log_probs", None)  # verl's calculate_log_probs=false: not in the batch
-        return output
+        """The rollout's output, tagged with the temperature it sampled at (the prompts' override, else the
+        configured one)."""
+        with self.phase("gen"):
+            return self.rollout_role.generate(prompts)
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
         batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
-        with evaluating(self.actor.model_module()), self.profiler.phase("old_log_prob"):
+        with self.phase("old_log_prob"), evaluating(self.actor.model_module()):
             return self.actor.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
         batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
-        with evaluating(self.ref.model_module()), self.profiler.phase("ref"):
+        with self.phase("ref"), evaluating(self.ref.model_module()):
             return self.ref.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -369,7 +384,7 @@ class ActorRolloutRefWorker(_ModelWorker):
 
         The trainer's rollout phase: one round trip instead of up to three, and the responses never leave the
         worker between the passes. The old log-probs come when the run computes them
-        (:attr:`~verl.workers.config.PPOConfig.computes_old_log_prob`), the reference's when it has one.
+        (:attr:`~verl.workers.config.plan.RunPlan.computes_old_log_prob`), the reference's when it has one.
 
         Returns:
             The rollout output plus ``old_log_probs`` and ``ref_log_prob`` (B*n, R) as configured; its
@@ -387,8 +402,8 @@ class ActorRolloutRefWorker(_ModelWorker):
         return self._add_log_probs(generated, {})
 
     def _add_log_probs(self, output: DataProto, timing: dict[str, float]) -> DataProto:
-        passes = [("old_log_prob", "old_log_probs", self.config.computes_old_log_prob, self._old_log_probs)]
-        passes.append(("ref", "ref_log_prob", self.config.needs_reference, self._ref_log_probs))
+        passes = [("old_log_prob", "old_log_probs", self.plan.computes_old_log_prob, self._old_log_probs)]
+        passes.append(("ref", "ref_log_prob", self.plan.needs_reference, self._ref_log_probs))
         for phase, key, wanted, compute in passes:
             if wanted:
                 start = time.perf_counter()
@@ -399,32 +414,33 @@ class ActorRolloutRefWorker(_ModelWorker):
         return output
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_actor(self, data: DataProto) -> dict[str, float]:
+    def update_actor(self, data: DataProto) -> UpdateResult:
         """Train the actor on this rank's rows at their sampling temperature; a rollout holding its own weights gets
-        the new ones.
+        the new ones when the step applied an update (``result.updated``).
 
         Returns:
-            The actor's ``actor/...`` metrics, plus ``timing_s/weight_sync`` (seconds spent sending weights, 0 when
-            every update of the step was skipped and nothing was sent) and ``rollout/weight_syncs`` (syncs so far)
-            when the rollout holds its own weights; and ``perf/cpu_peak_rss_gb``, this worker process's peak resident
-            memory so far (GiB, Linux ``ru_maxrss``; the driver averages it over ranks).
+            The actor's :class:`~verl.workers.update_outcome.UpdateResult`, its ``actor/...`` metrics joined by
+            ``timing_s/weight_sync`` (seconds spent sending weights, 0 when every update of the step was skipped and
+            nothing was sent) and ``rollout/weight_syncs`` (syncs so far) when the rollout holds its own weights;
+            and ``perf/cpu_peak_rss_gb``, this worker process's peak resident memory so far (GiB, Linux
+            ``ru_maxrss``; the driver averages it over ranks).
         """
-        with self.profiler.phase("update_actor"):
-            metrics = self.actor.update_policy(self._at_rollout_temperature(data.to(self._device())))
-        metrics["perf/cpu_peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        if self._rollout_holds_weights():
-            seconds = 0.0
-            if metrics.get(f"{self.actor.role}/num_updates_successful", 0) > 0:
-                seconds = self._sync_rollout_weights()
-                self.num_weight_syncs += 1
-            metrics["timing_s/weight_sync"] = seconds
-            metrics["rollout/weight_syncs"] = float(self.num_weight_syncs)
-        return metrics
+        with self.phase("update_actor"):  # the sync too: it reads the weights where the update left them
+            result = self.actor.update_policy(self._at_rollout_temperature(data.to(self._device())))
+            extra = {"perf/cpu_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            if self._rollout_holds_weights():
+                seconds = 0.0
+                if result.updated:
+                    seconds = self._sync_rollout_weights()
+                    self.num_weight_syncs += 1
+                extra["timing_s/weight_sync"] = seconds
+                extra["rollout/weight_syncs"] = float(self.num_weight_syncs)
+        return result.with_metrics(extra)
 
     # ------------------------------------------------------------------ weights of a rollout with its own copy
 
     def _rollout_holds_weights(self) -> bool:
-        return bool(getattr(self.rollout, "holds_weights", False))
+        return self.rollout_role is not None and self.rollout_role.holds_weights
 
     def _iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The actor's current weights as ``(Hugging Face name, tensor)`` pairs, one at a time.
@@ -442,7 +458,7 @@ class ActorRolloutRefWorker(_ModelWorker):
         """What a rollout samples with: :meth:`_iter_hf_weights`, and for a LoRA actor the merged weights under the
         plain model's names. Call under ``torch.no_grad()``."""
         weights = self._iter_hf_weights()
-        if getattr(self.actor, "peft_model", None) is not None:
+        if self.actor.peft_model is not None:
             from verl.utils.lora import lora_scalings, merged_lora_weights
 
             weights = merged_lora_weights(weights, lora_scalings(self.actor.model_module()))
@@ -450,10 +466,7 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     def _sync_rollout_weights(self) -> float:
         """Send the actor's weights into the rollout; returns the seconds it took."""
-        start = time.perf_counter()
-        with torch.no_grad():
-            self.rollout.load_weights(self._rollout_weights())
-        return time.perf_counter() - start
+        return self.rollout_role.load_weights(self._rollout_weights())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_weights(self) -> dict[str, torch.Tensor] | None:
@@ -470,20 +483,19 @@ class ActorRolloutRefWorker(_ModelWorker):
 
     def _rank_state(self) -> dict:
         # the sync count continues across a resume, as the metric rollout/weight_syncs of an uninterrupted run would
-        rollout = {} if self.rollout is None else self.rollout.state_dict()
+        rollout = {} if self.rollout_role is None else self.rollout_role.state_dict()
         return {**super()._rank_state(), "rollout": rollout, "weight_syncs": self.num_weight_syncs}
 
     def _restore_rank_state(self, state: dict) -> None:
         super()._restore_rank_state(state)
-        if self.rollout is not None:
-            self.rollout.load_state_dict(state["rollout"])
+        if self.rollout_role is not None:
+            self.rollout_role.load_state_dict(state["rollout"])
         self.num_weight_syncs = int(state.get("weight_syncs", 0))  # absent in checkpoints of older versions
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, directory: str) -> None:
+    def _load_checkpoint(self, directory: Path) -> None:
         """Load the checkpoint; a rollout holding its own weights gets the loaded ones (not counted as a step's
         sync in ``rollout/weight_syncs``)."""
-        super().load_checkpoint(directory)
+        super()._load_checkpoint(directory)
         if self._rollout_holds_weights():
             self._sync_rollout_weights()
 
@@ -498,8 +510,8 @@ class CriticWorker(_ModelWorker):
 
     ROLE = "critic"
 
-    def __init__(self, config: PPOConfig, total_training_steps: int):
-        super().__init__(config, total_training_steps)
+    def __init__(self, config: PPOConfig, total_training_steps: int, plan: RunPlan | None = None):
+        super().__init__(config, total_training_steps, plan)
         self.critic = None
 
     def _build_critic(self, critic_config: CriticConfig, device: str):
@@ -510,7 +522,7 @@ class CriticWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
-        device = setup_worker_process(self)
+        device = setup_worker_process(self, self.plan.device)
         cfg = self.config
         torch.manual_seed(cfg.critic.seed)
         self.critic = self._build_critic(cfg.critic.per_rank(cfg.actor_rollout_ref.rollout.n, self._dp_size()), device)
@@ -519,11 +531,12 @@ class CriticWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
-        with evaluating(self.critic.model_module()), self.profiler.phase("values"):
+        with self.phase("values"), evaluating(self.critic.model_module()):
             values = self.critic.compute_values(data.to(self._device()))
         return DataProto.from_dict(tensors={"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_critic(self, data: DataProto) -> dict[str, float]:
-        with self.profiler.phase("update_critic"):
+    def update_critic(self, data: DataProto) -> UpdateResult:
+        """Train the critic on this rank's rows; returns its :class:`~verl.workers.update_outcome.UpdateResult`."""
+        with self.phase("update_critic"):
             return self.critic.update_critic(data.to(self._device()))

@@ -28,7 +28,7 @@ class _FSDPWorkerMixin:
 
     def _join_process_group(self) -> str:
         """Initialise torch.distributed (also for one rank) and return the compute device type."""
-        device = choose_device(self.config)
+        device = choose_device(self.plan.device)
         # one group for both kinds of tensor: NCCL for CUDA ones, gloo for the CPU ones offloading leaves behind
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         if torch.cuda.is_available() and not dist.is_initialized():
@@ -48,11 +48,9 @@ class _FSDPWorkerMixin:
         # the parameters' own device is the CPU under param_offload; inputs go where the compute runs
         return self._compute_device
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, directory: str) -> None:
+    def _save_checkpoint(self, directory: Path) -> None:
         """Every rank writes its shards (a collective save); rank 0 the gathered weights and shared training state;
         every rank its own random state."""
-        directory = Path(directory)
         self._trained().save_checkpoint(directory)
         if self.rank == 0:
             self._save_extras(directory)
@@ -70,11 +68,12 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
         rollout = self.config.actor_rollout_ref.rollout.name
         self._join_process_group()
         description = super().init_model()
-        if self.rollout is None:  # the rollout runs in a worker group of its own (hybrid_engine=false)
+        if self.rollout_role is None:  # the rollout runs in a worker group of its own (hybrid_engine=false)
             return description
-        if hasattr(self.rollout, "synchronize_stop"):
-            self.rollout.synchronize_stop(self._device_mesh(self._compute_device).get_group())
-        elif not getattr(self.rollout, "holds_weights", False):
+        engine = self.rollout_role.engine
+        if hasattr(engine, "synchronize_stop"):
+            engine.synchronize_stop(self._device_mesh(self._compute_device).get_group())
+        elif not self.rollout_role.holds_weights:
             # a rollout over the actor's own forward pass must stop on every rank at the same step
             raise ValueError(
                 f"actor_rollout_ref.rollout.name={rollout} cannot agree with the other ranks on when to stop "

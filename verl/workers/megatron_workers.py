@@ -14,11 +14,11 @@ tensor-parallel rank 0; they sample alike (the same seed, the same gathered logi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import torch
 
-from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
 from verl.utils.megatron_offload import attach_offloader, offload_phase
 from verl.workers.actor.megatron_actor import MegatronPPOActor
@@ -43,7 +43,7 @@ def _join_model_parallel_groups(worker, megatron) -> None:
     """Join torch.distributed and megatron-core's groups at ``megatron``'s sizes, before a model is built."""
     from verl.models.mcore import ensure_model_parallel_initialized
 
-    setup_worker_process(worker)
+    setup_worker_process(worker, worker.plan.device)
     ensure_model_parallel_initialized(tp=megatron.tensor_model_parallel_size, pp=megatron.pipeline_model_parallel_size)
 
 
@@ -91,33 +91,12 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
         return self.actor if isinstance(self.ref, AdaptersOffReference) else self.ref
 
-    def _generate(self, prompts: DataProto) -> DataProto:
-        with offload_phase(self.actor, training=False):
-            return super()._generate(prompts)
-
-    def _old_log_probs(self, data: DataProto) -> torch.Tensor:
-        with offload_phase(self.actor, training=False):
-            return super()._old_log_probs(data)
-
-    def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
-        with offload_phase(self._ref_owner(), training=False):
-            return super()._ref_log_probs(data)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_actor(self, data: DataProto) -> dict[str, float]:
-        """The base worker's update, with the actor's offloaded parts on the device for it."""
-        with offload_phase(self.actor, training=True):
-            return super().update_actor(data)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, directory: str) -> None:
-        with offload_phase(self.actor, training=True):
-            return super().load_checkpoint(directory)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, directory: str) -> None:
-        with offload_phase(self.actor, training=True):
-            return super().save_checkpoint(directory)
+    def _placed_for(self, name: str):
+        """The offloaded parts each pass needs on the device: the reference's model for ``ref``, the actor's with
+        its gradients and optimizer state for the update and checkpoints, its parameters for the other passes."""
+        if name == "ref":
+            return offload_phase(self._ref_owner(), training=False)
+        return offload_phase(self.actor, training=name in ("update_actor", "checkpoint"))
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> MegatronPPOActor:
         from verl.workers.actor.megatron_builder import build_megatron_actor
@@ -142,15 +121,17 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     def _iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The GPTModel's weights under Hugging Face names, converted one layer at a time (fused q/k/v and
         gate/up split back), for a rollout that holds its own copy."""
-        from verl.models.loading import load_hf_config
         from verl.models.mcore.weight_converter import iter_hf_weights
 
-        if getattr(self, "_hf_config", None) is None:
-            model_config = self.config.actor_rollout_ref.model
-            self._hf_config = load_hf_config(
-                model_config.path, model_config.trust_remote_code, model_config.override_config
-            )
         return iter_hf_weights(self.actor.model_module(), self._hf_config)
+
+    @functools.cached_property
+    def _hf_config(self):
+        """The Hugging Face config of ``actor_rollout_ref.model``: the names and layouts the weights go out in."""
+        from verl.models.loading import load_hf_config
+
+        model_config = self.config.actor_rollout_ref.model
+        return load_hf_config(model_config.path, model_config.trust_remote_code, model_config.override_config)
 
 
 class MegatronCriticWorker(CriticWorker):
@@ -187,22 +168,7 @@ class MegatronCriticWorker(CriticWorker):
         attach_offloader(self.critic, self.config.critic.megatron)  # critic.megatron.*_offload
         return description
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_values(self, data: DataProto) -> DataProto:
-        with offload_phase(self.critic, training=False):
-            return super().compute_values(data)
-
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def update_critic(self, data: DataProto) -> dict[str, float]:
-        with offload_phase(self.critic, training=True):
-            return super().update_critic(data)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, directory: str) -> None:
-        with offload_phase(self.critic, training=True):
-            return super().save_checkpoint(directory)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, directory: str) -> None:
-        with offload_phase(self.critic, training=True):
-            return super().load_checkpoint(directory)
+    def _placed_for(self, name: str):
+        """The critic's offloaded parts on the device: with its gradients and optimizer state for the update and
+        checkpoints, its parameters alone for the values."""
+        return offload_phase(self.critic, training=name in ("update_critic", "checkpoint"))

@@ -31,6 +31,7 @@ from verl.single_controller import Dispatch, Worker, register
 from verl.utils.micro_batching import LockstepGroup, split_by_length
 from verl.utils.padding_free import forward_packed, real_column_span
 from verl.workers.config import PPOConfig
+from verl.workers.config.plan import RunPlan
 from verl.workers.config.reward_model import RewardModelConfig
 
 logger = logging.getLogger(__name__)
@@ -257,13 +258,15 @@ class RewardModelWorker(Worker):
     """The reward model on one rank of its own worker group (``reward_model.strategy``: fsdp/fsdp2 or dp).
 
     Args:
-        config: the whole validated config (its ``reward_model`` section and ``trainer.device`` are read).
+        config: the validated config; the worker keeps its ``reward_model`` section, nothing else.
         total_training_steps: unused; the worker group hands every worker class the same arguments.
+        plan: the run plan (its device); None: ``trainer.device``.
     """
 
-    def __init__(self, config: PPOConfig, total_training_steps: int = 0):
+    def __init__(self, config: PPOConfig, total_training_steps: int = 0, plan: RunPlan | None = None):
         super().__init__()
-        self.config = config
+        self.rm_config: RewardModelConfig = config.reward_model
+        self.device_setting = plan.device if plan is not None else config.trainer.device
         self.scorer: RewardModelScorer | None = None
 
     def _join_process_group(self) -> None:
@@ -281,8 +284,8 @@ class RewardModelWorker(Worker):
         threads = os.environ.get("VERL_NUM_THREADS")
         if threads:
             torch.set_num_threads(int(threads))
-        rm = self.config.reward_model
-        device = choose_device(self.config)
+        rm = self.rm_config
+        device = choose_device(self.device_setting)
         module = load_reward_model(rm.model.path, rm.model.trust_remote_code)
         dtype = TORCH_DTYPES[rm.dtype]
         group = None

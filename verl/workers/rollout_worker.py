@@ -1,10 +1,11 @@
 """The rollout worker group of its own (``actor_rollout_ref.hybrid_engine=false``): ranks that only sample.
 
-Each rank holds a whole copy of the policy (a frozen Hugging Face model, as the ``dp`` backend builds it, with the
-actor's precision) and the configured rollout over it (``naive``, ``hf`` or a ``vllm`` engine of its own); the
-rollout ranks split each batch's prompts (``Dispatch.DP_COMPUTE_PROTO``) and never talk to one another. The weights
-come from the trainer's actor through the driver, each set with its version number (Hugging Face names, a LoRA
-actor's merged): :meth:`RolloutWorker.load_weights` takes them between two generation calls; with
+Each rank is a worker of its own (not an actor worker: its group exposes the rollout's methods only) hosting a whole
+copy of the policy (a frozen Hugging Face model, as the ``dp`` backend builds it, with the actor's precision) and a
+:class:`~verl.workers.roles.rollout.RolloutRole`, the configured rollout over it (``naive``, ``hf`` or a ``vllm``
+engine of its own); the rollout ranks split each batch's prompts (``Dispatch.DP_COMPUTE_PROTO``) and never talk to
+one another. The weights come from the trainer's actor through the driver, each set with its version number (Hugging
+Face names, a LoRA actor's merged): :meth:`RolloutWorker.load_weights` takes them between two generation calls; with
 ``async_training.partial_rollout`` :meth:`RolloutWorker.stage_weights` takes them on a thread of their own while a
 generation runs, and the rollout switches to them between two tokens (:mod:`verl.workers.rollout.partial`). Every
 response token carries the version of the weights that sampled it (``weight_version``, (B, R) int64).
@@ -21,43 +22,64 @@ from collections.abc import Mapping
 import torch
 
 from verl.protocol import DataProto
-from verl.single_controller import Dispatch, register
-from verl.workers.base_worker import setup_worker_process, with_model_copies_in_shm
-from verl.workers.dp_workers import DPActorRolloutRefWorker
+from verl.single_controller import Dispatch, Worker, register
+from verl.workers.base_worker import setup_worker_process, with_model_copies_in_shm, worker_plan
+from verl.workers.config import PPOConfig
+from verl.workers.config.plan import RunPlan
+from verl.workers.dp_workers import build_dp_policy
+from verl.workers.roles.rollout import RolloutRole, build_rollout_role
 from verl.workers.rollout.partial import WEIGHT_VERSION_KEY, WeightSwitch
 
 __all__ = ["WEIGHT_VERSION_KEY", "RolloutWorker"]
 
 
-class RolloutWorker(DPActorRolloutRefWorker):
-    """One rank of the rollout worker group: a frozen copy of the policy and its rollout.
+class RolloutWorker(Worker):
+    """One rank of the rollout worker group: a frozen copy of the policy and the rollout role over it.
+
+    Its group exposes the rollout's methods only (``init_model``, ``generate_sequences``, ``load_weights``,
+    ``stage_weights``), never the actor's: it trains nothing and writes no checkpoint.
 
     Args:
         config: the whole validated trainer config.
         total_training_steps: unused (the worker trains nothing); the worker group passes it to every worker.
+        plan: the run plan (the device); None: derived from ``config``.
     """
 
-    def __init__(self, config, total_training_steps: int):
-        super().__init__(config, total_training_steps)
+    def __init__(self, config: PPOConfig, total_training_steps: int = 0, plan: RunPlan | None = None):
+        super().__init__()
+        self.config = config
+        self.plan = worker_plan(config, total_training_steps, plan)
+        self.policy = None  # the frozen copy of the policy (a BasePPOActor without optimizer)
+        self.rollout_role: RolloutRole | None = None
         self.switch: WeightSwitch | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
         """Join the rollout group's torch.distributed world, build the frozen model and the rollout over it."""
-        device = setup_worker_process(self)
+        from verl.workers.rollout.vllm_engine import engine_index
+
+        device = setup_worker_process(self, self.plan.device)
         if self.config.actor_rollout_ref.model.use_shm:  # verl's model.use_shm: load from the node's copy
             self.config = with_model_copies_in_shm(self.config)
         arr = self.config.actor_rollout_ref
         torch.manual_seed(arr.actor.seed)
-        actor_config = arr.actor.per_rank(arr.rollout.n, self._dp_size())
+        actor_config = arr.actor.per_rank(arr.rollout.n, self.world_size)
         # the plain model (no adapters even for a LoRA actor: the trainer sends merged weights under plain names)
-        self.actor = self._build_actor(actor_config, device, trainable=False)
-        self.actor.model_module().eval()
-        self.rollout = self._build_rollout()
+        self.policy = build_dp_policy(
+            self.config, actor_config, device, trainable=False, total_training_steps=0, rank=self.rank
+        )
+        self.policy.model_module().eval()
+        # rank r samples as rank r of the actor group would (a vLLM engine: its tensor-parallel group's seed)
+        seed_offset = engine_index(arr.rollout, self.rank) if arr.rollout.name == "vllm" else self.rank
+        self.rollout_role = build_rollout_role(self.config, self.policy, device, seed_offset)
         self.switch = WeightSwitch(self._put_weights)
         if self.config.async_training.partial_rollout:
-            self.rollout.weight_switch = self.switch
+            self.rollout_role.engine.weight_switch = self.switch
         return f"rollout rank {self.rank}: {arr.rollout.name} on {device}"
+
+    def data_parallel_layout(self) -> tuple[int, bool]:
+        """(data-parallel rank, returns its results): every rank samples its own share of the prompts."""
+        return self.rank, True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> float:
@@ -78,17 +100,16 @@ class RolloutWorker(DPActorRolloutRefWorker):
     def _put_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """The weights into the model (or the engine holding its own copy). Names the model lacks, or none for one
         of its weights, raise (a LoRA actor's merged weights carry the plain names)."""
+        if self.rollout_role.holds_weights:
+            self.rollout_role.load_weights(iter(weights.items()))
+            return
         with torch.no_grad():
-            if self._rollout_holds_weights():
-                self.rollout.load_weights(iter(weights.items()))
-            else:
-                module = self.actor.model_module()
-                missing, unexpected = module.load_state_dict(dict(weights), strict=False)
-                if unexpected:
-                    raise ValueError(f"the trainer sent weights this model does not have: {sorted(unexpected)[:5]}")
-                tied = {name for name in missing if name.endswith("lm_head.weight")}
-                if set(missing) - tied:
-                    raise ValueError(f"the trainer sent no weights for {sorted(set(missing) - tied)[:5]}")
+            missing, unexpected = self.policy.model_module().load_state_dict(dict(weights), strict=False)
+        if unexpected:
+            raise ValueError(f"the trainer sent weights this model does not have: {sorted(unexpected)[:5]}")
+        tied = {name for name in missing if name.endswith("lm_head.weight")}
+        if set(missing) - tied:
+            raise ValueError(f"the trainer sent no weights for {sorted(set(missing) - tied)[:5]}")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -96,7 +117,7 @@ class RolloutWorker(DPActorRolloutRefWorker):
         of each response token (``weight_version``, (B, R) int64) and ``meta_info["metrics"]["timing_s/gen"]``."""
         start = time.perf_counter()
         # (with partial rollouts the rollout applies weights staged between two calls before its first token)
-        output = self._generate(prompts).to("cpu")
+        output = self.rollout_role.generate(prompts).to("cpu")
         if WEIGHT_VERSION_KEY not in output.batch.keys():  # no switch during the call: one version throughout
             shape = output.batch["responses"].shape
             output.batch[WEIGHT_VERSION_KEY] = torch.full(shape, self.switch.version, dtype=torch.long)

@@ -58,11 +58,14 @@ def test_kl_in_reward_needs_a_reference_and_forces_the_old_log_prob_pass():
 
 
 def trainer_for(*overrides, reward_fn=None):
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.data_setup import TrainingData
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, TrainerRun
+    from verl.trainer.ray_setup import WorkerGroups
     from verl.workers.config import compose_ppo_config
 
     config = compose_ppo_config(list(overrides))
-    return RayPPOTrainer(config, None, [], reward_fn, None, None, None, tracker=None, total_training_steps=1)
+    data = TrainingData(train_loader=None, val_batches=[], reward_fn=reward_fn, num_train_prompts=0)
+    return RayPPOTrainer(config, WorkerGroups(None), data, tracker=None, run=TrainerRun(total_training_steps=1))
 
 
 def four_one_token_responses():
@@ -102,20 +105,37 @@ def test_gdpo_reads_the_reward_components_the_scorer_returned():
     torch.testing.assert_close(batch.batch["advantages"], expected, atol=1e-4, rtol=0)
 
 
-def test_token_baseline_estimators_get_the_old_log_probs_and_weights():
-    # the config refuses these estimators at start-up (no sum_pi_squared yet); a stand-in config names one, to
-    # check what the trainer would hand it, as verl's trainer does
-    from types import SimpleNamespace
+def test_a_registered_estimator_named_in_the_config_gets_verls_keywords():
+    # A user's estimator, registered before the config is validated, is reachable by name from a real config; the
+    # trainer calls it with verl's keywords only: not the old log-probs the batch also holds (verl passes those to
+    # its token-baseline estimators alone, which this trainer's config refuses), and not the batch (gdpo only).
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
-    trainer = trainer_for()
-    trainer.config = SimpleNamespace(algorithm=SimpleNamespace(adv_estimator="optimal_token_baseline"))
-    batch = four_one_token_responses()
-    batch.batch["token_level_rewards"] = torch.ones(4, 1)
-    batch.batch["old_log_probs"] = torch.zeros(4, 1)
-    kwargs = trainer._estimator_kwargs(batch)
-    assert kwargs["old_log_probs"] is batch.batch["old_log_probs"]
-    assert kwargs["rollout_is_weights"] is None and kwargs["sum_pi_squared"] is None
-    assert "batch" not in kwargs and kwargs["config"] is trainer.config.algorithm
+    calls = []
+
+    with ADV_ESTIMATOR_REGISTRY.scoped():
+
+        @register_adv_est("test_minus_group_mean")
+        def minus_group_mean(token_level_rewards, response_mask, index, config, **kwargs):
+            calls.append({"index": list(index), "config": config, **kwargs})
+            scores = token_level_rewards.sum(-1)
+            groups = {uid: scores[index == uid].mean() for uid in set(index)}
+            baseline = torch.stack([groups[uid] for uid in index])
+            advantages = (scores - baseline).unsqueeze(-1) * response_mask
+            return advantages, advantages
+
+        trainer = trainer_for("algorithm.adv_estimator=test_minus_group_mean")
+        batch = four_one_token_responses()
+        batch.batch["token_level_rewards"] = torch.tensor([[1.0], [0.0], [3.0], [1.0]])
+        batch.batch["old_log_probs"] = torch.zeros(4, 1)
+        trainer.compute_advantage(batch)
+
+    (call,) = calls
+    assert call == {"index": ["a", "a", "b", "b"], "config": trainer.config.algorithm}
+    # group a: (1, 0), mean 0.5 -> (0.5, -0.5); group b: (3, 1), mean 2 -> (1, -1); returns are the same here
+    expected = torch.tensor([[0.5], [-0.5], [1.0], [-1.0]])
+    torch.testing.assert_close(batch.batch["advantages"], expected)
+    torch.testing.assert_close(batch.batch["returns"], expected)
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints, samples
@@ -142,7 +162,9 @@ class _Loader:
 @pytest.mark.parametrize(("keep", "left"), [("null", [1, 2, 3]), ("2", [2, 3])])
 def test_save_checkpoint_keeps_max_actor_ckpt_to_keep(tmp_path, keep, left):
     trainer = trainer_for(f"trainer.default_local_dir={tmp_path}", f"trainer.max_actor_ckpt_to_keep={keep}")
-    trainer.actor_wg, trainer.train_loader = _SavingGroup(), _Loader()
+    from verl.trainer.ray_setup import WorkerGroups
+
+    trainer.groups, trainer.train_loader = WorkerGroups(_SavingGroup()), _Loader()
     trainer.rollout_source = ColocatedRollout(trainer.actor_wg, trainer.train_loader)
     for step in (1, 2, 3):
         trainer.global_step = step
@@ -171,3 +193,29 @@ def test_decoded_samples_strip_the_padding_of_prompt_and_response():
         {"input": "def", "output": "gh", "score": 1.0},
     ]
     assert decoded_samples(Letters(), output, torch.tensor([0.5, 1.0]), limit=1) == samples[:1]
+
+
+# ---------------------------------------------------------------------------------------------- typed update results
+
+
+def _outcome(successful: bool, step: int):
+    from verl.workers.update_outcome.outcome import UpdateOutcome
+
+    return UpdateOutcome(
+        successful, grad_norm=None, num_zeros_in_grad=None, loss_scale=None, min_loss_scale=None, step=step
+    )
+
+
+def test_the_run_summary_counts_from_the_merged_results_not_from_metric_names():
+    from verl.workers.update_outcome.result import UpdateResult
+
+    trainer = trainer_for()
+    # two ranks of one step: update 3 failed, update 4 applied; 4 attempted and 1 failed since the run began
+    outcomes = (_outcome(False, 3), _outcome(True, 4))
+    ranks = [UpdateResult("actor", outcomes, 4, 1, {"actor/pg_loss": loss}) for loss in (1.0, 3.0)]
+    merged = trainer._record_update(ranks)
+    assert merged.metrics == {"actor/pg_loss": 2.0}  # the mean over ranks: (1 + 3) / 2, no count metric needed
+    assert merged.updated
+    assert trainer.update_counts() == {"actor": (3, 1)}  # 4 - 1 applied, 1 skipped
+    # a role that never reported (no critic in this run) is not counted
+    assert "critic" not in trainer.update_counts()

@@ -25,11 +25,14 @@ from verl.utils.checkpoint import (
 
 
 def trainer_for(tmp_path, *overrides):
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.data_setup import TrainingData
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, TrainerRun
+    from verl.trainer.ray_setup import WorkerGroups
     from verl.workers.config import compose_ppo_config
 
     config = compose_ppo_config([f"trainer.default_local_dir={tmp_path}", "trainer.progress_bar=false", *overrides])
-    trainer = RayPPOTrainer(config, _Loader(), [], None, _Group(), None, None, tracker=None, total_training_steps=6)
+    data = TrainingData(train_loader=_Loader(), val_batches=[], reward_fn=None, num_train_prompts=0)
+    trainer = RayPPOTrainer(config, WorkerGroups(_Group()), data, tracker=None, run=TrainerRun(total_training_steps=6))
     return trainer
 
 

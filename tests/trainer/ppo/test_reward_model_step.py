@@ -60,12 +60,28 @@ def rm_scores(data: DataProto) -> DataProto:
     return DataProto.from_dict(tensors={"rm_scores": torch.tensor([[0.0, 0.0, 1.0], [0.0, 3.0, 0.0]])})
 
 
+def one_applied_update(data):
+    """What one rank of the actor group returns for a step with one applied update."""
+    from verl.workers.update_outcome.outcome import UpdateOutcome
+    from verl.workers.update_outcome.result import UpdateResult
+
+    outcome = UpdateOutcome(True, grad_norm=1.0, num_zeros_in_grad=None, loss_scale=None, min_loss_scale=None, step=1)
+    return [UpdateResult("actor", (outcome,), 1, 0, {"actor/pg_loss": 0.0})]
+
+
+def training_data(reward_fn):
+    from verl.trainer.data_setup import TrainingData
+
+    return TrainingData(train_loader=None, val_batches=[], reward_fn=reward_fn, num_train_prompts=0)
+
+
 def rule_reward(data, return_dict=False):
     raise AssertionError("the reward function must not be called when the reward model scored the batch")
 
 
 def make_trainer(reward_model_wg, reward_fn=rule_reward):
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, TrainerRun
+    from verl.trainer.ray_setup import WorkerGroups
     from verl.workers.config import compose_ppo_config
 
     config = compose_ppo_config(
@@ -78,10 +94,9 @@ def make_trainer(reward_model_wg, reward_fn=rule_reward):
             "reward_model.micro_batch_size_per_gpu=2",
         ]
     )
-    actor_wg = FakeGroup(generate_with_log_probs=rollout, update_actor=lambda data: [{"actor/pg_loss": 0.0}])
-    trainer = RayPPOTrainer(
-        config, None, [], reward_fn, actor_wg, None, reward_model_wg, tracker=None, total_training_steps=1
-    )
+    actor_wg = FakeGroup(generate_with_log_probs=rollout, update_actor=one_applied_update)
+    groups = WorkerGroups(actor_wg, reward_model=reward_model_wg)
+    trainer = RayPPOTrainer(config, groups, training_data(reward_fn), tracker=None, run=TrainerRun(1))
     return trainer, actor_wg
 
 
@@ -118,7 +133,8 @@ def test_dapo_compares_the_final_rewards_with_the_kl_penalty_in_them():
     # Both samples score 1 on their last token: by score the group is uniform and DAPO would drop it. With the KL
     # penalty in the reward (fixed beta 0.5) they differ: sample 0 has old - ref = 0.2 on its 3 tokens (k1 sum 0.6),
     # sample 1 has 0 -> final rewards 1 - 0.5 x 0.6 = 0.7 and 1: seq_final_reward keeps the group.
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer, TrainerRun
+    from verl.trainer.ray_setup import WorkerGroups
     from verl.workers.config import compose_ppo_config
 
     config = compose_ppo_config(
@@ -146,11 +162,9 @@ def test_dapo_compares_the_final_rewards_with_the_kl_penalty_in_them():
     def last_token_scores(data, return_dict=False):
         return {"reward_tensor": torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]), "reward_extra_info": {}}
 
-    actor_wg = FakeGroup(
-        generate_with_log_probs=rollout_with_log_probs, update_actor=lambda data: [{"actor/pg_loss": 0.0}]
-    )
+    actor_wg = FakeGroup(generate_with_log_probs=rollout_with_log_probs, update_actor=one_applied_update)
     trainer = RayPPOTrainer(
-        config, None, [], last_token_scores, actor_wg, None, None, tracker=None, total_training_steps=1
+        config, WorkerGroups(actor_wg), training_data(last_token_scores), tracker=None, run=TrainerRun(1)
     )
     prompts = DataProto.from_dict(
         tensors={"input_ids": torch.tensor([[3, 4]])}, non_tensors={"raw_prompt": np.array(["1+1="], dtype=object)}
@@ -159,3 +173,23 @@ def test_dapo_compares_the_final_rewards_with_the_kl_penalty_in_them():
     assert metrics["train/num_groups_dropped"] == 0.0
     rewards = actor_wg.calls["update_actor"]
     assert rewards.batch["advantages"][0, 0].item() < 0 < rewards.batch["advantages"][1, 0].item()  # 0.7 < 1
+
+
+def test_the_driver_decides_the_weight_sync_from_the_result_not_from_a_metric():
+    # the actor's result says no update was applied; its metrics carry no count at all: the rollout source is told
+    # "not updated" from the typed result
+    from verl.workers.update_outcome.outcome import UpdateOutcome
+    from verl.workers.update_outcome.result import UpdateResult
+
+    failed = UpdateOutcome(False, grad_norm=None, num_zeros_in_grad=None, loss_scale=None, min_loss_scale=None, step=1)
+    for outcome, expected in ((failed, [False]), (None, [True])):
+        trainer, actor_wg = make_trainer(FakeGroup(compute_rm_score=rm_scores))
+        if outcome is not None:
+            actor_wg.update_actor = lambda data, o=outcome: [UpdateResult("actor", (o,), 1, 1, {})]
+        told = []
+        trainer.rollout_source.after_update = lambda updated, told=told: told.append(updated) or {}
+        prompts = DataProto.from_dict(
+            tensors={"input_ids": torch.tensor([[3, 4]])}, non_tensors={"raw_prompt": np.array(["1+1="], dtype=object)}
+        )
+        trainer.train_step(prompts)
+        assert told == expected

@@ -2,10 +2,15 @@
 
 The loop, the roles and the models' classes hold no backend behaviour of their own: a test fails when a backend
 inherits an answer instead of stating it, when a role or model class overrides what the backend decides, or when
-the fire drill strikes anywhere but where the backend says.
+the fire drill strikes anywhere but where the backend says. The contract is narrow: a test fails when a backend's
+method takes the loop, when a backend module reads the loop's members or imports the loop's module, or when
+megatron's path is not the backend class chosen at build time.
 """
 
+import ast
 import contextlib
+import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,20 +18,27 @@ import torch
 from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
 from verl.workers.actor.backend import (
     FIRE_DRILL_TARGETS,
+    BackendParts,
     DPBackend,
+    FireDrillTarget,
     FSDPBackend,
-    MegatronBackend,
     TrainingBackend,
 )
 from verl.workers.actor.dp_actor import DataParallelPPOActor, build_dp_actor
 from verl.workers.actor.fsdp_actor import FSDPPPOActor
 from verl.workers.actor.megatron_actor import MegatronPPOActor
+from verl.workers.actor.megatron_backend import (
+    MegatronBackend,
+    MegatronScheduleBackend,
+    MegatronStagesBackend,
+    megatron_backend,
+)
 from verl.workers.actor.update_loop import UpdateLoop, build_loop_parts
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 from verl.workers.critic.fsdp_critic import FSDPPPOCritic
 from verl.workers.critic.megatron_critic import MegatronPPOCritic
 
-BACKENDS = [DPBackend, FSDPBackend, MegatronBackend]
+BACKENDS = [DPBackend, FSDPBackend, MegatronBackend, MegatronStagesBackend, MegatronScheduleBackend]
 MODEL_CLASSES = [
     DataParallelPPOActor,
     FSDPPPOActor,
@@ -41,6 +53,14 @@ LOOP_DELEGATES = ["autocast", "_backward_mini_batch", "_optimizer_step", "save_c
 
 class FakeMesh:
     device_type = "cpu"
+
+
+def attached(backend: TrainingBackend, loop: UpdateLoop) -> TrainingBackend:
+    """``backend`` holding what ``loop`` trains with, as the loop hands it over when it is built."""
+    backend.attach(
+        BackendParts(loop.model_module(), loop.optimizer, loop.dtype, loop.micro_batching, loop.fault_injector)
+    )
+    return backend
 
 
 @pytest.mark.parametrize("backend_cls", BACKENDS)
@@ -81,25 +101,28 @@ def test_where_each_backend_fires_the_drill():
     assert DPBackend().fire_drill_target == "gradients"  # AmpOptimizer reduces them in its step
     assert FSDPBackend(FakeMesh()).fire_drill_target == "gradients"  # so does the sharded optimizer
     # megatron-core's DDP reduces the gradients inside its schedule: the losses are poisoned there
-    assert MegatronBackend(torch.nn.Linear(1, 1), use_megatron_schedule=True).fire_drill_target == "loss"
+    assert MegatronScheduleBackend(torch.nn.Linear(1, 1)).fire_drill_target == "loss"
     assert MegatronBackend(torch.nn.Linear(1, 1)).fire_drill_target == "gradients"  # the CPU path's AmpOptimizer
-    for backend in (DPBackend(), MegatronBackend(torch.nn.Linear(1, 1), use_megatron_schedule=True)):
-        assert backend.fire_drill_target in FIRE_DRILL_TARGETS
+    assert MegatronStagesBackend.fire_drill_target == "gradients"  # the adapter again, over pipeline stages
+    for backend_cls in BACKENDS:  # a member of the enum, not a bare string
+        assert isinstance(backend_cls.fire_drill_target, FireDrillTarget)
+        assert backend_cls.fire_drill_target in FIRE_DRILL_TARGETS
+    assert {str(target) for target in FireDrillTarget} == {"gradients", "loss"}
 
 
 def test_how_each_backend_autocasts():
     linear = torch.nn.Linear(2, 2)
     loop = build_dp_actor(actor_config(dtype="bfloat16"), tiny_qwen2(), total_training_steps=1)
-    with DPBackend().autocast(loop):
+    with attached(DPBackend(), loop).autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    with FSDPBackend(FakeMesh()).autocast(loop):  # the mesh's device, wherever the parameters are
+    with attached(FSDPBackend(FakeMesh()), loop).autocast():  # the mesh's device, wherever the parameters are
         assert torch.is_autocast_enabled("cpu")
     # megatron-core's GPU path holds the parameters in the compute dtype already: no autocast
-    assert isinstance(MegatronBackend(linear, use_megatron_schedule=True).autocast(loop), contextlib.nullcontext)
-    with MegatronBackend(linear).autocast(loop):
+    assert isinstance(attached(MegatronScheduleBackend(linear), loop).autocast(), contextlib.nullcontext)
+    with attached(MegatronBackend(linear), loop).autocast():
         assert torch.is_autocast_enabled("cpu")
     fp32 = build_dp_actor(actor_config(), tiny_qwen2(), total_training_steps=1)
-    assert isinstance(DPBackend().autocast(fp32), contextlib.nullcontext)
+    assert isinstance(attached(DPBackend(), fp32).autocast(), contextlib.nullcontext)
 
 
 def test_the_dp_drill_poisons_the_gradients_not_the_losses():
@@ -183,3 +206,65 @@ def test_the_megatron_schedule_poisons_the_losses_and_weights_them_as_plain_accu
         for want, got in zip([p.grad for p in plain.trainable_parameters()], grads, strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
         assert scheduled._optimizer_step().successful and scheduled.optimizer.num_steps == 1
+
+
+def all_backend_classes() -> set[type]:
+    found, todo = set(), [TrainingBackend]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.add(sub)
+            todo.append(sub)
+    return found
+
+
+def test_no_backend_method_takes_the_loop():
+    # the contract: parts at build time, a MiniBatchLoss per mini-batch, CheckpointContents per checkpoint
+    backend_classes = all_backend_classes()
+    assert set(BACKENDS) <= backend_classes
+    for backend_cls in backend_classes | {TrainingBackend}:
+        for name, member in inspect.getmembers(backend_cls, inspect.isfunction):
+            if name.startswith("_"):
+                continue
+            for param in inspect.signature(member).parameters.values():
+                assert param.name != "loop", f"{backend_cls.__name__}.{name} takes the loop"
+                assert "UpdateLoop" not in str(param.annotation), f"{backend_cls.__name__}.{name}: {param}"
+
+
+BACKEND_MODULES = ["backend.py", "megatron_backend.py", "megatron_checkpoint.py"]
+
+
+@pytest.mark.parametrize("filename", BACKEND_MODULES)
+def test_backend_modules_neither_import_the_loop_nor_read_its_members(filename):
+    import verl.workers.actor as actor_package
+
+    source = (Path(actor_package.__file__).parent / filename).read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+    assert "verl.workers.actor.update_loop" not in imported  # type hints included: no cycle with the loop
+    assert "loop." not in source  # what `grep -n "loop\\." backend*.py` checks
+
+
+class FakeStage:
+    is_last = True
+
+
+def test_megatron_backend_is_chosen_by_path():
+    model = torch.nn.Linear(1, 1)
+    assert type(megatron_backend(model, use_megatron_schedule=True)) is MegatronScheduleBackend
+    stages = megatron_backend(model, use_megatron_schedule=False, stage=FakeStage(), run_stage=lambda m, t: (None, m))
+    assert type(stages) is MegatronStagesBackend
+    assert type(megatron_backend(model, use_megatron_schedule=False)) is MegatronBackend
+    # a frozen reference in stages next to megatron-core's path never trains: the plain class, without autocast
+    frozen = megatron_backend(model, use_megatron_schedule=False, stage=FakeStage(), params_in_compute_dtype=True)
+    assert type(frozen) is MegatronBackend and frozen.params_in_compute_dtype
+
+
+@pytest.mark.usefixtures("megatron_world_of_one")
+def test_the_megatron_builder_and_actor_take_the_backend_of_their_path():
+    plain, scheduled = megatron_actors({})
+    assert type(plain.backend) is MegatronBackend  # built on CPU: the torch.optim adapter on a whole model
+    assert type(scheduled.backend) is MegatronScheduleBackend

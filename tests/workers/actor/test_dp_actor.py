@@ -116,7 +116,7 @@ def test_real_fp16_overflow_is_absorbed_then_training_works(caplog):
     losses, failed = [], []
     with caplog.at_level(logging.WARNING):
         for _ in range(30):
-            metrics = actor.update_policy(batch)
+            metrics = actor.update_policy(batch).metrics
             failed.append(metrics["actor/update_failed"])
             losses.append(metrics["actor/pg_loss"])
     num_skipped = int(sum(failed))
@@ -155,7 +155,7 @@ def test_fire_drill_steps_leave_weights_moments_and_schedule_untouched():
     before = snapshot(actor)
     adam_step = actor.optimizer.optimizer.state_dict()["state"][0]["step"].clone()
     for expected_total in (1, 2):  # steps 2 and 3 are poisoned
-        metrics = actor.update_policy(batch)
+        metrics = actor.update_policy(batch).metrics
         assert metrics["actor/update_failed"] == 1.0
         assert metrics["actor/update_failures_total"] == expected_total
     after = snapshot(actor)
@@ -163,7 +163,7 @@ def test_fire_drill_steps_leave_weights_moments_and_schedule_untouched():
     assert_same(before[1], after[1])  # moments bit for bit (exp_avg, exp_avg_sq, step)
     assert before[2] == after[2]  # the LR schedule did not advance
     assert torch.equal(actor.optimizer.optimizer.state_dict()["state"][0]["step"], adam_step)
-    metrics = actor.update_policy(batch)  # step 4 updates again
+    metrics = actor.update_policy(batch).metrics  # step 4 updates again
     assert metrics["actor/update_failed"] == 0.0
     assert actor.lr_scheduler.last_epoch == before[2] + 1
 
@@ -189,7 +189,7 @@ def test_micro_batches_accumulate_to_the_mini_batch_gradient():
     a = make_actor(ppo_micro_batch_size_per_gpu=4)
     b = make_actor(ppo_micro_batch_size_per_gpu=8)
     batch = batch_with_old_log_probs(a)
-    ma, mb = a.update_policy(batch), b.update_policy(batch)
+    ma, mb = a.update_policy(batch).metrics, b.update_policy(batch).metrics
     assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
     assert_gradients_close(b.actor_module, a.actor_module, batch.batch["input_ids"].shape[1])
 
@@ -203,7 +203,7 @@ def test_token_budget_micro_batches_give_the_same_update():
     b = make_actor(ppo_micro_batch_size_per_gpu=8)
     batch = batch_with_old_log_probs(a)
     assert [len(m) for m in split_micro_batches(batch, a.micro_batching)] == [2, 2, 2, 2]
-    ma, mb = a.update_policy(batch), b.update_policy(batch)
+    ma, mb = a.update_policy(batch).metrics, b.update_policy(batch).metrics
     assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"], rel=1e-5)
     assert_gradients_close(b.actor_module, a.actor_module, batch.batch["input_ids"].shape[1])
 
@@ -235,9 +235,9 @@ def test_one_on_policy_update_without_old_log_probs_equals_the_separate_pass():
     # gives the same loss (ratio exactly 1), the same gradient and so the same weights, up to rounding.
     with_pass, without_pass = make_actor(), make_actor()
     batch = batch_with_old_log_probs(with_pass)
-    metrics_with = with_pass.update_policy(batch)
+    metrics_with = with_pass.update_policy(batch).metrics
     batch.pop(batch_keys=["old_log_probs"])
-    metrics_without = without_pass.update_policy(batch)
+    metrics_without = without_pass.update_policy(batch).metrics
     assert metrics_without["actor/ppo_kl"] == 0.0 and metrics_without["actor/pg_clipfrac"] == 0.0
     assert metrics_without["actor/pg_loss"] == pytest.approx(metrics_with["actor/pg_loss"], abs=1e-6)
     for a, b in zip(with_pass.actor_module.parameters(), without_pass.actor_module.parameters(), strict=True):
@@ -267,7 +267,7 @@ def test_without_an_old_log_prob_pass_the_mismatch_is_taken_against_the_first_fo
 
     actor = make_actor()
     batch, own = on_policy_batch(actor, shift=-0.1)  # the engine is 0.1 nats less sure of every token
-    metrics = actor.update_policy(batch)
+    metrics = actor.update_policy(batch).metrics
     # the update's first forward is the actor's own log-prob of the batch (fp32: the same numbers)
     expected = compute_mismatch_metrics(batch.batch["rollout_log_probs"], own, batch.batch["response_mask"])
     assert metrics["rollout_corr/kl"] == pytest.approx(expected["rollout_corr/kl"], abs=1e-6)
@@ -288,7 +288,7 @@ def test_reinforce_loss_at_ratio_one_takes_the_same_step_as_the_clipped_loss():
         "rollout_is": "token",
         "rollout_is_threshold": 2.0,
     }
-    metrics = weighted.update_policy(batch)
+    metrics = weighted.update_policy(batch).metrics
     assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-6)
     for pa, pb in zip(plain.actor_module.parameters(), weighted.actor_module.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)

@@ -81,7 +81,7 @@ def test_nan_rewards_with_finite_advantages_do_not_fail_the_update():
     actor = make_actor(optim=FITTING_SCALE)
     batch = with_old_log_probs(actor)
     batch.batch["token_level_rewards"] = torch.full_like(batch.batch["advantages"], float("nan"))
-    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
 
 
 def test_a_nan_loss_is_not_a_scaler_overflow_the_scale_stays_and_the_update_is_skipped(monkeypatch):
@@ -94,7 +94,7 @@ def test_a_nan_loss_is_not_a_scaler_overflow_the_scale_stays_and_the_update_is_s
     before, adam_before = weights(actor.actor_module), actor.optimizer.optimizer.state_dict()
     real_loss = actor._micro_batch_loss
     monkeypatch.setattr(actor, "_micro_batch_loss", lambda *a: (lambda r: (r[0] * float("nan"), r[1]))(real_loss(*a)))
-    metrics = actor.update_policy(batch)
+    metrics = actor.update_policy(batch).metrics
     assert [o.cause for o in handler.seen] == [FailureCause.NONFINITE_LOSS]
     assert metrics["actor/update_failures/nonfinite_loss"] == 1.0 and metrics["actor/loss_scale"] == 1024.0
     assert all(torch.equal(before[k], v) for k, v in weights(actor.actor_module).items())
@@ -102,7 +102,7 @@ def test_a_nan_loss_is_not_a_scaler_overflow_the_scale_stays_and_the_update_is_s
     for param_id, state in adam_before["state"].items():
         assert all(torch.equal(state[key], adam_after[param_id][key]) for key in ("exp_avg", "exp_avg_sq"))
     monkeypatch.undo()
-    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
 
 
 def test_a_nan_loss_stops_fp16_warn_and_count_at_once(monkeypatch):
@@ -120,7 +120,7 @@ def test_an_fp16_overflow_still_backs_the_scale_off_and_is_absorbed():
     actor = make_actor(dtype="float16")
     batch = with_old_log_probs(actor)
     for _ in range(3):
-        metrics = actor.update_policy(batch)
+        metrics = actor.update_policy(batch).metrics
     assert metrics["actor/update_failures/scaled_grad_overflow"] == metrics["actor/update_failures_total"] >= 2
     assert actor.optimizer.get_loss_scale() < 2.0**32
     assert "actor/update_failures/nonfinite_loss" not in metrics

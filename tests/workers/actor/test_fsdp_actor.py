@@ -56,7 +56,7 @@ def test_fp32_update_matches_the_dp_backend():
     fsdp = make_fsdp_actor()
     batch = with_old_log_probs(dp)
     torch.testing.assert_close(with_old_log_probs(fsdp).batch["old_log_probs"], batch.batch["old_log_probs"])
-    dp_metrics, fsdp_metrics = dp.update_policy(batch), fsdp.update_policy(batch)
+    dp_metrics, fsdp_metrics = dp.update_policy(batch).metrics, fsdp.update_policy(batch).metrics
     assert fsdp_metrics["actor/update_failed"] == 0.0
     assert fsdp_metrics["actor/pg_loss"] == pytest.approx(dp_metrics["actor/pg_loss"], abs=1e-6)
     assert fsdp_metrics["actor/grad_norm"] == pytest.approx(dp_metrics["actor/grad_norm"], rel=1e-5)
@@ -104,7 +104,7 @@ def test_fp16_overflow_skips_the_update_and_leaves_weights_and_state_untouched()
     before = full_weights(actor.actor_module)
     scales = []
     for _ in range(2):
-        metrics = actor.update_policy(batch)
+        metrics = actor.update_policy(batch).metrics
         assert metrics["actor/update_failed"] == 1.0
         scales.append(actor.optimizer.get_loss_scale())
     assert scales == [2.0**32, 2.0**31]
@@ -118,8 +118,8 @@ def test_fp16_overflow_skips_the_update_and_leaves_weights_and_state_untouched()
 def test_fp16_trains_once_the_scale_fits():
     actor = make_fsdp_actor(dtype="float16", optim={"initial_loss_scale": 1024.0})
     batch = with_old_log_probs(actor)
-    first = actor.update_policy(batch)
-    second = actor.update_policy(batch)
+    first = actor.update_policy(batch).metrics
+    second = actor.update_policy(batch).metrics
     # scale 1024 fits the tiny model's fp16 gradients: both updates apply, and the surrogate loss falls
     assert first["actor/update_failed"] == 0.0 and second["actor/update_failed"] == 0.0
     assert second["actor/pg_loss"] < first["actor/pg_loss"]
@@ -148,7 +148,7 @@ def test_activation_checkpointing_recomputes_each_layer_and_changes_no_number():
         batch = with_old_log_probs(actor)
         # inside the layer: its FSDP2 hooks stay outside the checkpoint, what the layer computes is recomputed
         actor.actor_module.model.layers[0].mlp.register_forward_pre_hook(count)
-        metrics[checkpointing] = actor.update_policy(batch)
+        metrics[checkpointing] = actor.update_policy(batch).metrics
     # one mini-batch of 8 in 2 micro-batches of 4: layer 0's MLP runs forward twice; checkpointing runs it again in
     # each backward (the recompute), 4 times in all
     assert calls == {False: 2, True: 4}
@@ -185,7 +185,7 @@ def test_offload_on_the_cpu_is_a_logged_no_op(caplog):
     assert "param_offload=true: the model is on the CPU already" in text
     assert "optimizer_offload=true: the optimizer state is in CPU memory already" in text
     assert actor.optimizer.offload_state is False
-    assert actor.update_policy(with_old_log_probs(actor))["actor/update_failed"] == 0.0
+    assert actor.update_policy(with_old_log_probs(actor)).metrics["actor/update_failed"] == 0.0
 
 
 def test_critic_fp32_update_matches_the_dp_critic():
@@ -198,7 +198,7 @@ def test_critic_fp32_update_matches_the_dp_critic():
     )
     batch = value_batch()
     torch.testing.assert_close(fsdp.compute_values(batch), dp.compute_values(batch))
-    dp_metrics, fsdp_metrics = dp.update_critic(batch), fsdp.update_critic(batch)
+    dp_metrics, fsdp_metrics = dp.update_critic(batch).metrics, fsdp.update_critic(batch).metrics
     assert fsdp_metrics["critic/vf_loss"] == pytest.approx(dp_metrics["critic/vf_loss"], abs=1e-7)
     torch.testing.assert_close(fsdp.compute_values(batch), dp.compute_values(batch), atol=1e-6, rtol=0)
 
@@ -239,7 +239,7 @@ def test_an_fsdp2_update_on_onednn_layers_matches_dp_on_torch_layers(monkeypatch
     assert cpu_linear.use_onednn_linear(module) == 15
     fsdp = build_fsdp_actor(actor_config(), module, mesh=device_mesh("cpu"), total_training_steps=100)
     batch = with_old_log_probs(dp)
-    dp_metrics, fsdp_metrics = dp.update_policy(batch), fsdp.update_policy(batch)
+    dp_metrics, fsdp_metrics = dp.update_policy(batch).metrics, fsdp.update_policy(batch).metrics
     assert calls  # the sharded model did run its products on oneDNN
     assert fsdp_metrics["actor/pg_loss"] == pytest.approx(dp_metrics["actor/pg_loss"], abs=1e-5)
     assert fsdp_metrics["actor/grad_norm"] == pytest.approx(dp_metrics["actor/grad_norm"], rel=1e-4)
@@ -258,7 +258,7 @@ def test_fused_kernels_and_compile_give_the_plain_update(monkeypatch, overrides)
     (want_lp, want_ent), (got_lp, got_ent) = (a.compute_log_prob(batch, calculate_entropy=True) for a in (plain, other))
     torch.testing.assert_close(got_lp, want_lp, atol=1e-5, rtol=0)
     torch.testing.assert_close(got_ent, want_ent, atol=1e-5, rtol=0)
-    want, got = plain.update_policy(batch), other.update_policy(batch)
+    want, got = plain.update_policy(batch).metrics, other.update_policy(batch).metrics
     assert got["actor/update_failed"] == 0.0
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
 
@@ -297,7 +297,7 @@ def test_bf16_master_weights_train_as_bf16_shards_with_bf16_adam_state():
     assert {b.dtype for b in actor.actor_module.buffers()} == {torch.float32}  # buffer_dtype's default
     batch = with_old_log_probs(actor)
     before = full_weights(actor.actor_module)
-    metrics = actor.update_policy(batch)
+    metrics = actor.update_policy(batch).metrics
     assert metrics["actor/update_failed"] == 0.0 and actor.optimizer.get_loss_scale() is None
     assert {p.to_local().dtype for p in actor.actor_module.parameters()} == {torch.bfloat16}
     assert {p.grad.to_local().dtype for p in actor.actor_module.parameters()} == {torch.bfloat16}

@@ -38,7 +38,7 @@ def test_an_update_with_fused_kernels_equals_one_without(use_remove_padding):
     tol = log_prob_tolerance(want_lp, plain.actor_module, batch)
     torch.testing.assert_close(got_lp[mask], want_lp[mask], atol=tol, rtol=0)
     torch.testing.assert_close(got_ent[mask], want_ent[mask], atol=tol, rtol=0)
-    want, got = plain.update_policy(batch), fused.update_policy(batch)
+    want, got = plain.update_policy(batch).metrics, fused.update_policy(batch).metrics
     assert got["actor/update_failed"] == 0.0
     assert got["actor/entropy"] == pytest.approx(want["actor/entropy"], abs=tol)
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
@@ -95,7 +95,7 @@ def test_compiled_forward_equals_eager_and_new_shapes_do_not_recompile(monkeypat
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, atol=tol, rtol=0)
     update = batch_of(8, 2)
-    want, got = eager.update_policy(update), compiled.update_policy(update)
+    want, got = eager.update_policy(update).metrics, compiled.update_policy(update).metrics
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
     assert_gradients_close(eager.actor_module, compiled.actor_module, update.batch["input_ids"].shape[1])
     # new batch sizes and lengths reuse the graphs (dynamic shapes): one graph per grad mode, and with padded rows

@@ -81,7 +81,7 @@ def test_only_the_adapters_train_and_the_optimizer_holds_only_them(backend):
     trainable = [p for p in actor.actor_module.parameters() if p.requires_grad]
     assert sum(p.numel() for p in trainable) == NUM_ADAPTER_PARAMS
     base_before, adapters_before = weights(actor, adapters=False), weights(actor, adapters=True)
-    metrics = actor.update_policy(with_old_log_probs(actor))
+    metrics = actor.update_policy(with_old_log_probs(actor)).metrics
     assert metrics["actor/update_failed"] == 0.0
     # AdamW state exists for the adapter tensors only: the frozen base weights have none
     assert len(actor.optimizer.optimizer.state) == NUM_ADAPTER_TENSORS
@@ -98,10 +98,10 @@ def test_a_failed_fp16_update_leaves_adapters_and_adam_state_bit_for_bit(backend
         backend, dtype="float16", optim=FITTING_SCALE, fault_injection={"nonfinite_grad_steps": [2]}
     )
     batch = with_old_log_probs(actor)
-    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
     adapters, state, lr_steps = weights(actor, adapters=True), adam_state(actor), actor.lr_scheduler.last_epoch
     assert len(state) == NUM_ADAPTER_TENSORS * 3  # step, exp_avg, exp_avg_sq of each adapter tensor
-    assert actor.update_policy(batch)["actor/update_failed"] == 1.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 1.0
     assert_same(adapters, weights(actor, adapters=True))
     assert_same(state, adam_state(actor))
     assert actor.lr_scheduler.last_epoch == lr_steps
@@ -251,7 +251,7 @@ def test_a_reference_pass_first_leaves_the_adapters_trainable(backend):
     assert all(p.requires_grad for name, p in actor.actor_module.named_parameters() if "lora_" in name)
     batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
     before = weights(actor, adapters=True)
-    assert actor.update_policy(batch)["actor/update_failed"] == 0.0
+    assert actor.update_policy(batch).metrics["actor/update_failed"] == 0.0
     after = weights(actor, adapters=True)
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -285,7 +285,7 @@ def test_a_lora_critic_trains_its_adapters_and_value_head_only(backend):
     held = [p for group in critic.optimizer.param_groups for p in group["params"]]
     assert sum(p.numel() for p in held) == numel  # the optimizer holds the trainable parameters only
     before = {k: full(v) for k, v in module.state_dict().items()}
-    metrics = critic.update_critic(value_batch())
+    metrics = critic.update_critic(value_batch()).metrics
     assert metrics["critic/update_failed"] == 0.0
     after = {k: full(v) for k, v in module.state_dict().items()}
     changed = {k for k in before if not torch.equal(before[k], after[k])}

@@ -1,11 +1,14 @@
 """MegatronPPOActor on CPU: the real megatron-core GPTModel under the shared loop and step contract."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from tests.workers.actor.conftest import actor_config, ppo_batch, tiny_qwen2
 from verl.utils.checkpoint import atomic_directory
 from verl.workers.actor.dp_actor import build_dp_actor
+from verl.workers.actor.megatron_backend import MegatronBackend
 from verl.workers.actor.megatron_builder import build_megatron_actor
 from verl.workers.actor.update_loop import build_loop_parts
 from verl.workers.update_outcome import FP16WarnAndCountHandler, UpdateFailedError
@@ -52,9 +55,15 @@ class ScriptedOptimizer:
         return getattr(self.inner, name)
 
 
+def script_failures(actor, failing_steps):
+    """Give ``actor`` (and its backend, which took the optimizer when the actor was built) a ScriptedOptimizer."""
+    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps)
+    actor.backend.attach(dataclasses.replace(actor.backend.parts, optimizer=actor.optimizer))
+
+
 def test_training_path_is_the_cpu_adapter():
     actor = make_megatron_actor()
-    assert actor.training_path.startswith("CPU path") and not actor.backend.use_megatron_schedule
+    assert actor.training_path.startswith("CPU path") and type(actor.backend) is MegatronBackend
 
 
 def test_log_probs_equal_the_dp_actor_on_the_same_weights():
@@ -77,7 +86,7 @@ def test_real_fp16_overflow_is_absorbed_then_training_works():
     batch = with_old_log_probs(actor)
     failed, losses, scales = [], [], []
     for _ in range(30):
-        metrics = actor.update_policy(batch)
+        metrics = actor.update_policy(batch).metrics
         failed.append(metrics["actor/update_failed"])
         losses.append(metrics["actor/pg_loss"])
         scales.append(metrics["actor/loss_scale"])
@@ -91,7 +100,7 @@ def test_real_fp16_overflow_is_absorbed_then_training_works():
 
 def test_strict_raises_on_the_first_scripted_failure():
     actor = make_megatron_actor(update_failure_policy="strict")
-    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps=[2])
+    script_failures(actor, failing_steps=[2])
     batch = with_old_log_probs(actor)
     actor.update_policy(batch)  # step 1 applies
     with pytest.raises(UpdateFailedError, match="actor update failed at step 2: non-finite gradients"):
@@ -117,12 +126,12 @@ def test_fp16_policy_skips_counts_and_raises_exactly_at_its_limit():
     # step 2 -> consecutive 1 (<= 2, skipped), step 3 -> consecutive 2 (<= 2, skipped), step 4 -> consecutive 3,
     # more than 2 -> raise at step 4. One update_policy call is one step (8 samples, mini-batch 8, one epoch).
     actor = make_megatron_actor(update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 2})
-    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps=[2, 3, 4])
+    script_failures(actor, failing_steps=[2, 3, 4])
     batch = with_old_log_probs(actor)
     actor.update_policy(batch)  # step 1 applies, so Adam has moments and a step count of 1
     weights, moments = optimizer_snapshot(actor)
     lr_epoch = actor.lr_scheduler.last_epoch
-    metrics = [actor.update_policy(batch) for _ in range(2)]
+    metrics = [actor.update_policy(batch).metrics for _ in range(2)]
     assert [m["actor/update_failures_consecutive"] for m in metrics] == [1.0, 2.0]
     assert [m["actor/update_failures_total"] for m in metrics] == [1.0, 2.0]
     assert [m["actor/update_failed"] for m in metrics] == [1.0, 1.0]
@@ -139,9 +148,9 @@ def test_a_success_resets_the_consecutive_count():
     # limit 2, failures at steps 2, 3, 5, 6: the success at step 4 resets the count, so the run never has more
     # than 2 consecutive failures -> no raise; totals 1, 2, (success), 3, 4; consecutive 1, 2, 0, 1, 2.
     actor = make_megatron_actor(update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 2})
-    actor.optimizer = ScriptedOptimizer(actor.optimizer, failing_steps=[2, 3, 5, 6])
+    script_failures(actor, failing_steps=[2, 3, 5, 6])
     batch = with_old_log_probs(actor)
-    metrics = [actor.update_policy(batch) for _ in range(6)][1:]
+    metrics = [actor.update_policy(batch).metrics for _ in range(6)][1:]
     assert [m["actor/update_failures_consecutive"] for m in metrics] == [1.0, 2.0, 0.0, 1.0, 2.0]
     assert [m["actor/update_failures_total"] for m in metrics] == [1.0, 2.0, 2.0, 3.0, 4.0]
 
@@ -151,7 +160,7 @@ def test_metric_names_match_the_dp_actor():
     megatron = make_megatron_actor(hf_model, dtype="float16")
     dp = build_dp_actor(actor_config(dtype="float16"), hf_model, total_training_steps=1)
     batch = with_old_log_probs(dp)
-    assert set(megatron.update_policy(batch)) == set(dp.update_policy(batch))
+    assert set(megatron.update_policy(batch).metrics) == set(dp.update_policy(batch).metrics)
 
 
 def test_checkpoint_restores_loss_scaler_and_handler(tmp_path):
@@ -289,7 +298,7 @@ def test_fused_kernels_give_the_plain_log_probs_and_update():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     torch.testing.assert_close(got_entropy, want_entropy, atol=1e-5, rtol=0)
     batch.batch["old_log_probs"] = want
-    plain_metrics, fused_metrics = plain.update_policy(batch), fused.update_policy(batch)
+    plain_metrics, fused_metrics = plain.update_policy(batch).metrics, fused.update_policy(batch).metrics
     assert fused_metrics["actor/grad_norm"] == pytest.approx(plain_metrics["actor/grad_norm"], rel=1e-5)
     torch.testing.assert_close(fused.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0], atol=1e-5, rtol=0)
 
@@ -328,21 +337,21 @@ def test_a_distributed_optimizers_state_travels_with_the_checkpoint(tmp_path):
     from verl.models.mcore.parallel import ensure_model_parallel_initialized
     from verl.workers.actor.megatron_checkpoint import (
         DISTRIBUTED_OPTIMIZER_FILE,
+        distributed_optimizer,
         load_distributed_optimizer_state,
         save_distributed_optimizer_state,
     )
 
     ensure_model_parallel_initialized()  # one rank: data-parallel rank 0
 
-    def loop(optimizer, distributed=True):
-        megatron = SimpleNamespace(use_distributed_optimizer=distributed)
-        return SimpleNamespace(config=SimpleNamespace(megatron=megatron), optimizer=optimizer)
-
     saved, fresh = _ShardedOptimizerState(7.0), _ShardedOptimizerState(0.0)
-    assert save_distributed_optimizer_state(loop(SimpleNamespace(chained_optimizers=[saved])), tmp_path, split=False)
+    chained = distributed_optimizer(SimpleNamespace(chained_optimizers=[saved]), True)
+    assert chained is saved  # the one sub-optimizer of get_megatron_optimizer's chain
+    assert save_distributed_optimizer_state(chained, tmp_path, split=False)
     assert (tmp_path / DISTRIBUTED_OPTIMIZER_FILE).is_file()
-    load_distributed_optimizer_state(loop(fresh), tmp_path, split=False)
+    load_distributed_optimizer_state(distributed_optimizer(fresh, True), tmp_path, split=False)
     torch.testing.assert_close(fresh.loaded[0][torch.float32]["param"], torch.full((3,), 7.0))
     # without the distributed optimizer: no file, nothing loaded, and this rank writes the rest as before
-    assert save_distributed_optimizer_state(loop(saved, distributed=False), tmp_path / "plain", split=False)
+    assert distributed_optimizer(saved, False) is None and distributed_optimizer(None, True) is None
+    assert save_distributed_optimizer_state(distributed_optimizer(saved, False), tmp_path / "plain", split=False)
     assert not (tmp_path / "plain").exists()

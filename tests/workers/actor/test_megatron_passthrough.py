@@ -42,7 +42,7 @@ def test_full_recomputation_trains_on_cpu_as_the_stored_run_does():
     for actor in (plain, recomputed):
         batch = ppo_batch()
         batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
-        metrics = actor.update_policy(batch)
+        metrics = actor.update_policy(batch).metrics
         results.append((metrics["actor/grad_norm"], actor.compute_log_prob(batch)[0]))
     # the backward runs each layer's forward again: the same operations, the same numbers
     assert results[1][0] == results[0][0]

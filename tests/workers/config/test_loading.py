@@ -13,7 +13,6 @@ import ray
 from hydra import compose, initialize_config_dir
 from hydra._internal.hydra import Hydra
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.singleton import Singleton
 
 from verl.trainer import main_ppo
 from verl.workers.config import PPOConfig, compose_omegaconf, compose_ppo_config, compose_with_defaults
@@ -23,12 +22,12 @@ DP = "actor_rollout_ref.actor.strategy=dp"  # a backend that reads no fsdp_confi
 OFFLOAD_REFUSED = r"actor_rollout_ref.actor.fsdp_config is set, but nothing reads it: it applies with .*strategy=fsdp2"
 
 
-def hydra_state() -> dict:
-    """Hydra's process-wide objects that an initialisation sets, by identity."""
-    from hydra.core.utils import JobRuntime
+def hydra_state() -> tuple:
+    """What Hydra's public API says of its process-wide state: the initialisation in force (by identity, None when
+    uninitialised) and the version base."""
     from hydra.version import VersionBase
 
-    return {cls: Singleton._instances.get(cls) for cls in (GlobalHydra, VersionBase, JobRuntime)}
+    return GlobalHydra.instance().hydra, VersionBase.instance().getbase()
 
 
 def refuse(*args, **kwargs):
@@ -53,20 +52,31 @@ def test_building_and_replacing_a_config_neither_composes_nor_reads_files(monkey
 def test_composition_keeps_a_callers_hydra_initialisation(tmp_path):
     (tmp_path / "mine.yaml").write_text("answer: 42\n")
     with initialize_config_dir(config_dir=str(tmp_path), version_base=None):
-        before, hydra = hydra_state(), GlobalHydra.instance().hydra
+        before = hydra_state()
         compose_ppo_config(["trainer.total_epochs=2"])
         compose_omegaconf(config_name="ppo_megatron_trainer")
-        assert hydra_state() == before and GlobalHydra.instance().hydra is hydra
+        assert hydra_state()[0] is before[0] and hydra_state() == before  # the caller's Hydra object itself
         assert compose(config_name="mine").answer == 42  # still composing from the caller's folder
     assert not GlobalHydra.instance().is_initialized()
 
 
 def test_composition_leaves_hydra_uninitialised_when_it_was():
-    before = hydra_state()
+    assert not GlobalHydra.instance().is_initialized()
     compose_ppo_config()
     with pytest.raises(ValueError, match="update_failure_polcy"):  # a failed composition too
         compose_omegaconf(["actor_rollout_ref.actor.update_failure_polcy=strict"])
-    assert hydra_state() == before
+    assert not GlobalHydra.instance().is_initialized()
+
+
+def test_composition_touches_no_private_hydra_state():
+    """Hydra is driven through its public API: nothing in loading.py names Hydra's singleton registry or its
+    private modules (the test of the state it leaves is above)."""
+    import inspect
+
+    from verl.workers.config import loading
+
+    source = inspect.getsource(loading)
+    assert "Singleton" not in source and "_instances" not in source and "hydra._internal" not in source
 
 
 def test_inert_setting_is_refused_on_the_command_line(monkeypatch, caplog):
@@ -153,3 +163,20 @@ def test_defaults_resolve_only_where_compared(tmp_path, monkeypatch):
     )
     typed = compose_ppo_config(["actor_rollout_ref.model.path=default"], "env_recipe", tmp_path)
     assert typed.actor_rollout_ref.model.path == "default"
+
+
+def test_the_embedded_layer_is_named_in_one_info_line_only_when_it_is_layered_in(caplog):
+    def layered_lines(overrides):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="verl.workers.config.loading"):
+            config = compose_omegaconf(overrides)
+        return config, [r.getMessage() for r in caplog.records if "layered" in r.getMessage()]
+
+    config, lines = layered_lines([])  # model.path=default: the tiny GRPO fp16 task
+    assert len(lines) == 1
+    assert "embedded/tiny_grpo_fp16.yaml" in lines[0] and "embedded@_global_=tiny_grpo_fp16" in lines[0]
+    assert config.data.train_batch_size == 16  # the layer's value over verl's 1024
+    for overrides in (["actor_rollout_ref.model.path=/models/named"], ["~embedded@_global_"]):
+        config, lines = layered_lines(overrides)
+        assert lines == []  # verl's defaults, nothing layered in
+        assert config.data.train_batch_size == 1024

@@ -66,12 +66,12 @@ def test_value_loss_numbers_by_hand():
     #   row1 t0: v=1, old=0   -> 0.5;       (1-2)^2 = 1 < (0.5-2)^2 = 2.25         -> 2.25, clipped
     #   row1 t1: masked.
     # token-mean: 0.5 * (0.25 + 1 + 2.25) / 3 = 0.58333; clipfrac 1/3; vpred mean (1 + 2 + 1) / 3 = 4/3.
-    metrics = scripted_critic().update_critic(scripted_batch())
+    metrics = scripted_critic().update_critic(scripted_batch()).metrics
     assert metrics["critic/vf_loss"] == pytest.approx(3.5 / 6)
     assert metrics["critic/vf_clipfrac"] == pytest.approx(1 / 3)
     assert metrics["critic/vpred_mean"] == pytest.approx(4 / 3)
     # seq-mean-token-mean: 0.5 * mean((0.25 + 1) / 2, 2.25 / 1) = 0.5 * 1.4375 = 0.71875
-    metrics = scripted_critic(loss_agg_mode="seq-mean-token-mean").update_critic(scripted_batch())
+    metrics = scripted_critic(loss_agg_mode="seq-mean-token-mean").update_critic(scripted_batch()).metrics
     assert metrics["critic/vf_loss"] == pytest.approx(0.71875)
 
 
@@ -81,13 +81,13 @@ def test_update_is_minus_the_hand_derived_gradient(micro):
     # (no gradient), so dL/dv1 = (1 - 1.5) / 3 = -1/6 and dL/dv2 = (2 - 1) / 3 = 1/3; positions 0 and 3 get none.
     # With one row per micro-batch the token weights 2/3 and 1/3 make the accumulated gradient the same.
     critic = scripted_critic(micro=micro)
-    metrics = critic.update_critic(scripted_batch())
+    metrics = critic.update_critic(scripted_batch()).metrics
     torch.testing.assert_close(critic.critic_module.table.detach(), torch.tensor([9.0, 1 + 1 / 6, 2 - 1 / 3, 9.0]))
     assert metrics["critic/update_failed"] == 0.0 and metrics["critic/num_updates_successful"] == 1.0
 
 
 def test_metric_names_use_the_critic_prefix():
-    metrics = scripted_critic().update_critic(scripted_batch())
+    metrics = scripted_critic().update_critic(scripted_batch()).metrics
     assert all(key.startswith("critic/") for key in metrics), sorted(metrics)
     expected = {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/update_failed"}
     expected |= {"critic/update_failures_consecutive", "critic/update_failures_total", "critic/grad_norm"}
@@ -109,11 +109,12 @@ def test_fire_drill_under_fp16_warn_and_count_skips_and_counts():
         update_failure_policy={"name": "fp16_warn_and_count", "max_consecutive_failures": 3},
         fault_injection={"nonfinite_grad_steps": [1]},
     )
-    skipped = critic.update_critic(scripted_batch())
+    skipped = critic.update_critic(scripted_batch()).metrics
     assert skipped["critic/update_failed"] == 1.0 and skipped["critic/update_failures_total"] == 1.0
     assert skipped["critic/num_updates_successful"] == 0.0
     torch.testing.assert_close(critic.critic_module.table.detach(), torch.tensor([9.0, 1.0, 2.0, 9.0]))
-    applied = critic.update_critic(scripted_batch())  # step 2 is clean: the hand-derived update of the test above
+    # step 2 is clean: the hand-derived update of the test above
+    applied = critic.update_critic(scripted_batch()).metrics
     assert applied["critic/update_failed"] == 0.0 and applied["critic/update_failures_consecutive"] == 0.0
     torch.testing.assert_close(critic.critic_module.table.detach(), torch.tensor([9.0, 1 + 1 / 6, 2 - 1 / 3, 9.0]))
 

@@ -44,7 +44,7 @@ def train(critic, batch, num_steps):
     all_metrics = []
     for _ in range(num_steps):
         batch.batch["values"] = critic.compute_values(batch)
-        all_metrics.append(critic.update_critic(batch))
+        all_metrics.append(critic.update_critic(batch).metrics)
     return all_metrics
 
 
@@ -117,5 +117,5 @@ def test_the_critic_needs_no_temperature():
     critic = make_critic()
     batch = value_batch()
     batch.meta_info.clear()
-    metrics = critic.update_critic(batch)
+    metrics = critic.update_critic(batch).metrics
     assert critic.num_update_steps == 1 and metrics["critic/update_failed"] == 0.0

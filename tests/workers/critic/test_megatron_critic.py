@@ -66,7 +66,7 @@ def test_a_training_step_on_cpu_lowers_the_value_loss():
     losses = []
     for _ in range(8):
         batch.batch["values"] = critic.compute_values(batch)
-        metrics = critic.update_critic(batch)
+        metrics = critic.update_critic(batch).metrics
         losses.append(metrics["critic/vf_loss"])
     assert all(key.startswith("critic/") for key in metrics)
     assert metrics["critic/update_failures_total"] == 0.0 and metrics["critic/num_updates_successful"] == 1.0
@@ -79,7 +79,7 @@ def test_fp16_critic_absorbs_real_overflow_then_trains():
     assert isinstance(critic.update_outcome_handler, FP16WarnAndCountHandler)
     batch = value_batch()
     before = {k: v.clone() for k, v in critic.model.state_dict().items() if isinstance(v, torch.Tensor)}
-    first = critic.update_critic(batch)
+    first = critic.update_critic(batch).metrics
     # the first update runs at loss scale 2**32 and overflows: skipped, counted, weights untouched
     assert first["critic/update_failed"] == 1.0 and first["critic/loss_scale"] == 2.0**32
     for key, value in before.items():
@@ -87,7 +87,7 @@ def test_fp16_critic_absorbs_real_overflow_then_trains():
     failed, losses = [], []
     for _ in range(30):
         batch.batch["values"] = critic.compute_values(batch)
-        metrics = critic.update_critic(batch)
+        metrics = critic.update_critic(batch).metrics
         failed.append(metrics["critic/update_failed"])
         losses.append(metrics["critic/vf_loss"])
     # the scaler backs off until the gradients fit; after that the updates apply and the loss falls
@@ -142,7 +142,7 @@ def test_lora_trains_the_adapters_and_the_head_and_leaves_the_backbone():
     losses = []
     for _ in range(6):
         batch.batch["values"] = critic.compute_values(batch)
-        losses.append(critic.update_critic(batch)["critic/vf_loss"])
+        losses.append(critic.update_critic(batch).metrics["critic/vf_loss"])
     moved = {name for name, p in named.items() if not torch.equal(p, before[name])}
     assert moved == trained  # the backbone frozen bit for bit, every adapter and the head moved
     assert losses[-1] < losses[0]

@@ -7,9 +7,8 @@ import torch
 
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.rollout_source import ColocatedRollout
-from verl.utils.profiler import RoleProfiler
-from verl.workers.base_worker import ActorRolloutRefWorker
 from verl.workers.config import RolloutConfig, load_section
+from verl.workers.roles.rollout import RolloutRole
 from verl.workers.rollout import NaiveRollout
 
 from .conftest import PAD_ID, build_tiny_model, hf_logits_fn, make_prompts, sampling_options
@@ -78,17 +77,12 @@ def test_val_kwargs_decide_between_greedy_and_sampled_answers():
 
 
 def generate_in_worker(calculate_log_probs: bool):
-    """The worker's generation step (ActorRolloutRefWorker._generate) over a naive rollout."""
+    """The workers' generation step (the rollout role's ``generate``) over a naive rollout."""
     model = build_tiny_model()
     rollout_config = load_section(RolloutConfig, {"calculate_log_probs": calculate_log_probs})
-    worker = SimpleNamespace(
-        actor=SimpleNamespace(model_module=lambda: model),
-        rollout=NaiveRollout(hf_logits_fn(model), sampling_options(response_length=3, n=1, seed=0), PAD_ID, 31),
-        config=SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=rollout_config)),
-        _device=lambda: "cpu",
-        profiler=RoleProfiler("actor_rollout_ref", [], None, rank=0),  # no role asks: inactive
-    )
-    return ActorRolloutRefWorker._generate(worker, make_prompts(PROMPT_ROWS, num_prompt_tokens=4))
+    engine = NaiveRollout(hf_logits_fn(model), sampling_options(response_length=3, n=1, seed=0), PAD_ID, 31)
+    role = RolloutRole(rollout_config, engine, model, "cpu")
+    return role.generate(make_prompts(PROMPT_ROWS, num_prompt_tokens=4))
 
 
 def test_calculate_log_probs_puts_the_rollouts_log_probs_in_the_batch():

@@ -190,7 +190,7 @@ def test_a_skipped_update_sends_nothing(worker, monkeypatch):
     loads = []
     monkeypatch.setattr(worker.rollout, "load_weights", lambda weights: loads.append(weights))
     monkeypatch.setattr(worker.actor, "update_outcome_handler", _SkipEveryFailure())
-    metrics = worker.update_actor(update_batch(worker, poisoned=True))
+    metrics = worker.update_actor(update_batch(worker, poisoned=True)).metrics
     assert metrics["actor/num_updates_successful"] == 0.0
     assert loads == [] and metrics["timing_s/weight_sync"] == 0.0
     assert metrics["rollout/weight_syncs"] == worker.num_weight_syncs
@@ -205,7 +205,7 @@ def test_the_engine_matches_the_trainer_after_a_sync_and_not_before(worker):
     trainer_before = trainer_log_probs(worker, sequences)
 
     # an update without the sync: the trainer moves, the engine does not
-    metrics = worker.actor.update_policy(update_batch(worker))
+    metrics = worker.actor.update_policy(update_batch(worker)).metrics
     assert metrics["actor/num_updates_successful"] == 1.0
     assert (trainer_log_probs(worker, sequences) - trainer_before).abs().max() > UPDATE_SCALE * tolerance
     assert gap(worker, sequences) > UPDATE_SCALE * tolerance

@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 from megatron.core.inference.contexts import StaticInferenceContext
 
+from verl.models.decoding import IncrementalDecoder, last_logits
 from verl.models.mcore.model import build_attention_mask, unwrap_model
 from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
-from verl.workers.rollout.decoding import IncrementalDecoder, last_logits
 
 __all__ = ["MegatronCachedDecoder"]
 

@@ -240,48 +240,71 @@ def add_lora_adapters(
     Raises:
         ValueError: a target that is not a linear layer kind, or targets that match no layer.
     """
+    _check_target_kinds(target_modules)
+    sizes = layer_sizes(model.config)
+    shared = _shared_adapter_options(
+        model.config,
+        rank=rank,
+        alpha=alpha,
+        init_a=init_a,
+        init_b=init_b,
+        dropout=dropout,
+        dropout_position=dropout_position,
+    )
+    generators: dict[int, torch.Generator] = {}
+    model.requires_grad_(False)
+    adapted = []
+    for name, module in _targets(model, target_modules, exclude_modules):
+        layer_number = _layer_number(model, name)
+        if layer_number not in generators:
+            generators[layer_number] = torch.Generator().manual_seed(seed + _LAYER_SEED_STRIDE * layer_number)
+        _attach_adapter(module, name.rsplit(".", 1)[-1], sizes, generators[layer_number], shared)
+        adapted.append(name)
+    if not adapted:
+        raise ValueError(f"target_modules {list(target_modules)} (less {list(exclude_modules)}) match no layer.")
+    return adapted
+
+
+def _check_target_kinds(target_modules: Sequence[str]) -> None:
+    """Raise ``ValueError`` for a target that is not a megatron-core linear layer kind of a GPTModel."""
     unknown = sorted(set(target_modules) - {*COLUMN_PARALLEL, *ROW_PARALLEL})
     if unknown:
         raise ValueError(
             f"target_modules {unknown} are not megatron-core linear layers of a GPTModel; take them from "
             f"{[*COLUMN_PARALLEL, *ROW_PARALLEL]}."
         )
-    config = model.config
-    sizes = layer_sizes(config)
+
+
+def _shared_adapter_options(config: Any, **options: Any) -> dict[str, Any]:
+    """The :class:`LoraAdapter` keywords every layer shares: ``options`` plus the model's parallel layout and norm."""
     tp_rank, tp_size = _tensor_parallel_place(config)
-    generators: dict[int, torch.Generator] = {}
-    model.requires_grad_(False)
-    adapted = []
-    for name, module in _targets(model, target_modules, exclude_modules):
-        kind = name.rsplit(".", 1)[-1]
-        layer_number = _layer_number(model, name)
-        if layer_number not in generators:
-            generators[layer_number] = torch.Generator().manual_seed(seed + _LAYER_SEED_STRIDE * layer_number)
-        generator = generators[layer_number]
-        norm_weight = getattr(module, "layer_norm_weight", None)
-        adapter = LoraAdapter(
-            kind,
-            sizes[kind],
-            rank,
-            alpha,
-            init_a=init_a,
-            init_b=init_b,
-            generator=generator,
-            tp_rank=tp_rank,
-            tp_size=tp_size,
-            sequence_parallel=bool(config.sequence_parallel),
-            dropout=dropout,
-            dropout_position=dropout_position,
-            norm_weight=norm_weight,
-            norm_eps=config.layernorm_epsilon,
-            dtype=module.weight.dtype,
-        ).to(module.weight.device)
-        module.add_module(ADAPTER, adapter)
-        module.register_forward_hook(_add_adapter_output, with_kwargs=True)
-        adapted.append(name)
-    if not adapted:
-        raise ValueError(f"target_modules {list(target_modules)} (less {list(exclude_modules)}) match no layer.")
-    return adapted
+    return dict(
+        options,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        sequence_parallel=bool(config.sequence_parallel),
+        norm_eps=config.layernorm_epsilon,
+    )
+
+
+def _attach_adapter(
+    module: torch.nn.Module,
+    kind: str,
+    sizes: dict[str, tuple[int, int]],
+    generator: torch.Generator,
+    shared: dict[str, Any],
+) -> None:
+    """Give ``module`` (a linear layer of kind ``kind``) its adapter, on its device and dtype, added to its output."""
+    adapter = LoraAdapter(
+        kind,
+        sizes[kind],
+        generator=generator,
+        norm_weight=getattr(module, "layer_norm_weight", None),
+        dtype=module.weight.dtype,
+        **shared,
+    ).to(module.weight.device)
+    module.add_module(ADAPTER, adapter)
+    module.register_forward_hook(_add_adapter_output, with_kwargs=True)
 
 
 def _tensor_parallel_place(config: Any) -> tuple[int, int]:

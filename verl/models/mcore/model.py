@@ -84,13 +84,7 @@ def build_gpt_model(
         ValueError: unsupported architecture/dtype, an unknown or unavailable spec backend.
     """
     device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device} was requested but CUDA is not available; use device='cpu'")
-    backend = resolve_spec_backend(spec_backend, device)
-    ensure_model_parallel_initialized(tp=tensor_model_parallel_size, pp=pipeline_model_parallel_size)
-    if seed is not None:
-        set_model_parallel_seed(seed)
-    ensure_cuda_rng_tracker()
+    backend = _prepare_to_build(device, spec_backend, tensor_model_parallel_size, pipeline_model_parallel_size, seed)
     config = build_transformer_config(
         hf_config,
         dtype,
@@ -105,6 +99,33 @@ def build_gpt_model(
     model = _construct(config, hf_config, backend, share_embeddings=tied and not tie_by_hand)
     if tie_by_hand:
         _mark_tied_copies(model)
+    _adapt_to_backend(model, hf_config, backend, device)
+    # megatron's torch RMSNorm (local spec) ignores params_dtype and stays float32; cast everything to `dtype`
+    # as megatron's Float16Module would (the rotary frequencies guard their own float32)
+    return model.to(device=device, dtype=dtype)
+
+
+def _prepare_to_build(device: torch.device, spec_backend: str, tp: int, pp: int, seed: int | None) -> str:
+    """Check the device, resolve the layer-spec backend, and set up the parallel groups and RNGs a build needs.
+
+    Returns:
+        The resolved spec backend ("portable", "local" or "te").
+
+    Raises:
+        ValueError: a CUDA device without CUDA, or an unknown or unavailable spec backend.
+    """
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was requested but CUDA is not available; use device='cpu'")
+    backend = resolve_spec_backend(spec_backend, device)
+    ensure_model_parallel_initialized(tp=tp, pp=pp)
+    if seed is not None:
+        set_model_parallel_seed(seed)
+    ensure_cuda_rng_tracker()
+    return backend
+
+
+def _adapt_to_backend(model: GPTModel, hf_config: Any, backend: str, device: torch.device) -> None:
+    """Swap in the pieces that let ``model`` run off CUDA: CPU recomputation, portable rotary and logits gather."""
     if device.type != "cuda":
         recompute_on_cpu(model)  # megatron-core's own recomputation needs the CUDA RNG
     if backend == "portable":
@@ -112,9 +133,6 @@ def build_gpt_model(
         if getattr(model, "output_layer", None) is not None:
             # megatron's logits gather allocates on CUDA; the portable output layer gathers on any device
             model.output_layer.__class__ = PortableOutputLayer
-    # megatron's torch RMSNorm (local spec) ignores params_dtype and stays float32; cast everything to `dtype`
-    # as megatron's Float16Module would (the rotary frequencies guard their own float32)
-    return model.to(device=device, dtype=dtype)
 
 
 def _construct(config: Any, hf_config: Any, backend: str, share_embeddings: bool) -> GPTModel:

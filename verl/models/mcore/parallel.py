@@ -78,30 +78,12 @@ def ensure_model_parallel_initialized(
     """
     if tp < 1 or pp < 1:
         raise ValueError(f"tensor/pipeline parallel sizes must be >= 1, got tp={tp}, pp={pp}")
-    if timeout_s is None:
-        from verl.single_controller.worker import collective_timeout_s
-
-        timeout_s = collective_timeout_s()
-    if not timeout_s > 0:  # NaN fails too
-        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    timeout_s = _resolve_timeout_s(timeout_s)
     if not dist.is_initialized():
         _init_single_process_group(backend, timeout_s)
-    world_size = dist.get_world_size()
-    if parallel_state.model_parallel_is_initialized() and not _groups_are_live():
-        # megatron-core's groups outlived the process group they were split from (it was destroyed and made again,
-        # e.g. by another library in the same process): they cannot be used, so they are built anew
-        logger.warning("megatron-core's model-parallel groups belong to a destroyed process group; rebuilding them")
-        parallel_state.destroy_model_parallel()
-    if parallel_state.model_parallel_is_initialized():
-        have_tp = parallel_state.get_tensor_model_parallel_world_size()
-        have_pp = parallel_state.get_pipeline_model_parallel_world_size()
-        if (have_tp, have_pp) != (tp, pp):
-            raise ValueError(
-                f"megatron-core is already initialised with tp={have_tp}, pp={have_pp}, but tp={tp}, pp={pp} was "
-                "requested; use the same sizes in one process, or call "
-                "megatron.core.parallel_state.destroy_model_parallel() first"
-            )
+    if _live_groups_of_sizes(tp, pp):
         return
+    world_size = dist.get_world_size()
     if world_size % (tp * pp) != 0:
         raise ValueError(
             f"world size {world_size} is not divisible by tp * pp = {tp} * {pp}; choose sizes whose product "
@@ -118,6 +100,45 @@ def ensure_model_parallel_initialized(
         pp,
         parallel_state.get_data_parallel_world_size(),
     )
+
+
+def _resolve_timeout_s(timeout_s: float | None) -> float:
+    """``timeout_s``, or the worker's collective timeout when None.
+
+    Raises:
+        ValueError: a timeout that is not a number of seconds > 0.
+    """
+    if timeout_s is None:
+        from verl.single_controller.worker import collective_timeout_s
+
+        timeout_s = collective_timeout_s()
+    if not timeout_s > 0:  # NaN fails too
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    return timeout_s
+
+
+def _live_groups_of_sizes(tp: int, pp: int) -> bool:
+    """Whether megatron-core's groups already exist, live, with these sizes (stale ones are destroyed first).
+
+    Raises:
+        ValueError: live groups of other sizes.
+    """
+    if parallel_state.model_parallel_is_initialized() and not _groups_are_live():
+        # megatron-core's groups outlived the process group they were split from (it was destroyed and made again,
+        # e.g. by another library in the same process): they cannot be used, so they are built anew
+        logger.warning("megatron-core's model-parallel groups belong to a destroyed process group; rebuilding them")
+        parallel_state.destroy_model_parallel()
+    if not parallel_state.model_parallel_is_initialized():
+        return False
+    have_tp = parallel_state.get_tensor_model_parallel_world_size()
+    have_pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if (have_tp, have_pp) != (tp, pp):
+        raise ValueError(
+            f"megatron-core is already initialised with tp={have_tp}, pp={have_pp}, but tp={tp}, pp={pp} was "
+            "requested; use the same sizes in one process, or call "
+            "megatron.core.parallel_state.destroy_model_parallel() first"
+        )
+    return True
 
 
 def answers_for_its_rows() -> bool:

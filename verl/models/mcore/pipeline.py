@@ -8,9 +8,9 @@ receives the gradient of its output and sends the gradient of its input back.
 
 This module is that relay and nothing else, one micro-batch at a time (no overlap between stages), which keeps it
 correct on every backend the process groups run on. megatron-core's own schedules (1F1B, interleaved) overlap the
-stages but allocate on CUDA; the GPU path trains with them (see :class:`~verl.workers.actor.backend.MegatronBackend`),
-the torch.optim adapter path (CPU, or ``use_megatron_optimizer=false``) with :func:`stage_forward` and
-:func:`stage_backward`.
+stages but allocate on CUDA; the GPU path trains with them
+(:class:`~verl.workers.actor.megatron_backend.MegatronScheduleBackend`), the torch.optim adapter path (CPU, or
+``use_megatron_optimizer=false``) with :func:`stage_forward` and :func:`stage_backward`.
 
 What the last stage computes from its output (log-probs, the next token's logits) reaches the other stages through
 :func:`broadcast_from_last_stage`, so that every rank of the group returns the same result.

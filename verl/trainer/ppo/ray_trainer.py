@@ -14,6 +14,7 @@ import time
 import zlib
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +36,18 @@ from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_roll
 from verl.trainer.ppo.rollout_source import AsyncRollout, ColocatedRollout
 from verl.trainer.ppo.trainer_checkpoints import CheckpointMixin
 from verl.trainer.ppo.trainer_validation import ValidationMixin, decoded_samples  # noqa: F401 (re-exported)
+from verl.trainer.ray_setup import WorkerGroups
 from verl.utils.profiler import StepSchedule
 from verl.utils.torch_functional import masked_mean
 from verl.utils.tracking import Tracking
 from verl.workers.actor.base import UPDATE_READS
 from verl.workers.config import PPOConfig
+from verl.workers.config.plan import RunPlan, build_run_plan
 from verl.workers.critic.base import CRITIC_UPDATE_READS, VALUE_KEYS
 from verl.workers.reward_model import rm_score_inputs
+from verl.workers.update_outcome.result import UpdateResult, merge_rank_results
 
 logger = logging.getLogger("verl.trainer")
-
-# estimators whose baseline is per token, from the policy's probabilities (verl passes them more of the batch)
-TOKEN_BASELINE_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def apply_kl_penalty(batch: DataProto, kl_ctrl, kl_penalty_type: str) -> dict[str, float]:
@@ -98,83 +99,102 @@ def _has_none(values) -> bool:
     return any(value is None for value in values)
 
 
+@dataclass(frozen=True)
+class TrainerRun:
+    """Where one attempt of the run stands when its trainer is built.
+
+    Attributes:
+        total_training_steps: how many steps :meth:`RayPPOTrainer.fit` runs.
+        resume_from: the checkpoint to resume from, chosen and verified before the workers started (None: fresh).
+        restarts: how many times the run rebuilt its workers after one died before this trainer; logged with every
+            step as ``trainer/restarts``.
+        stop_signals: the driver's :class:`~verl.trainer.preemption.StopSignals`, asked between steps (None: the
+            loop never stops early).
+        plan: the run plan (:func:`~verl.workers.config.plan.build_run_plan`, device resolved): its sizes and test
+            frequency drive the loop, and each checkpoint saves it as ``run_plan.json``; None: built from the config.
+    """
+
+    total_training_steps: int
+    resume_from: Path | None = None
+    restarts: int = 0
+    stop_signals: Any = None
+    plan: RunPlan | None = None
+
+
 class RayPPOTrainer(CheckpointMixin, ValidationMixin):
     """The PPO/GRPO training loop.
 
     Args:
         config: the whole validated trainer config.
-        train_loader: yields prompt batches (DataProto) forever, with ``state_dict``/``load_state_dict``.
-        val_batches: validation prompt batches (DataProto), or an empty list.
-        reward_fn: DataProto -> token-level scores (B, R).
-        actor_wg: the ActorRolloutRef worker group.
-        critic_wg: the critic worker group, or None.
-        reward_model_wg: the reward-model worker group (``reward_model.enable``), or None; its ``rm_scores`` are
-            the training scores in place of the reward function's, as in verl.
+        groups: the run's worker groups (:class:`~verl.trainer.ray_setup.WorkerGroups`): the reward model's
+            ``rm_scores`` are the training scores in place of the reward function's, as in verl; a rollout group of
+            its own (``actor_rollout_ref.hybrid_engine=false``) generates ahead of the trainer within
+            ``async_training`` (:class:`~verl.trainer.ppo.rollout_source.AsyncRollout`).
+        data: the prompts and how they are scored (:class:`~verl.trainer.data_setup.TrainingData`): ``train_loader``
+            (yields prompt batches forever, with ``state_dict``/``load_state_dict``), ``val_batches`` (possibly
+            empty), ``reward_fn`` (DataProto -> token-level scores (B, R)) and ``tokenizer`` (decodes the
+            validation samples ``trainer.log_val_generations`` logs; None: none logged).
         tracker: the metric sinks.
-        total_training_steps: how many steps :meth:`fit` runs.
-        resume_from: the checkpoint to resume from, chosen and verified before the workers started (None: fresh).
-        restarts: how many times the run rebuilt its workers after one died before this trainer; logged with every
-            step as ``trainer/restarts``.
-        tokenizer: decodes the validation samples that ``trainer.log_val_generations`` logs (None: none logged).
-        stop_signals: the driver's :class:`~verl.trainer.preemption.StopSignals`, asked between steps (None: the
-            loop never stops early).
-        rollout_wg: the rollout worker group of its own (``actor_rollout_ref.hybrid_engine=false``): it generates
-            ahead of the trainer within ``async_training`` (:class:`~verl.trainer.ppo.rollout_source.AsyncRollout`;
-            the defaults: one step off policy); None: the rollout lives
-            in the actor workers.
+        run: the step count, the checkpoint to resume from, the restarts so far and the stop signals.
     """
 
-    def __init__(
-        self,
-        config: PPOConfig,
-        train_loader,
-        val_batches: list[DataProto],
-        reward_fn,
-        actor_wg,
-        critic_wg,
-        reward_model_wg,
-        tracker: Tracking,
-        total_training_steps: int,
-        resume_from: Path | None = None,
-        restarts: int = 0,
-        tokenizer=None,
-        stop_signals=None,
-        rollout_wg=None,
-    ):
+    def __init__(self, config: PPOConfig, groups: WorkerGroups, data, tracker: Tracking, run: TrainerRun):
         self.config = config
-        self.train_loader = train_loader
-        self.val_batches = val_batches
-        self.reward_fn = reward_fn
-        self.actor_wg = actor_wg
-        self.critic_wg = critic_wg
-        self.reward_model_wg = reward_model_wg
+        self.groups = groups
+        self.train_loader = data.train_loader
+        self.val_batches = data.val_batches
+        self.reward_fn = data.reward_fn
+        self.tokenizer = data.tokenizer
         self.tracker = tracker
-        self.total_training_steps = total_training_steps
+        self.total_training_steps = run.total_training_steps
+        self.resume_from = run.resume_from
+        self.restarts = run.restarts
+        self.stop_signals = run.stop_signals
+        self.plan = run.plan if run.plan is not None else build_run_plan(config)
         self.global_step = 0
         self.last_checkpoint: Path | None = None
         self.last_metrics: dict[str, float] = {}
-        self.roles = ("actor", "critic") if critic_wg is not None else ("actor",)
-        # the checkpoint to resume from, chosen and verified by the caller before the workers started
-        self.resume_from = resume_from
-        self.restarts = restarts
-        self.tokenizer = tokenizer
-        self.stop_signals = stop_signals
+        # the last step's merged result of each trained role: what the run's summary counts
+        self.update_results: dict[str, UpdateResult] = {}
+        self.roles = ("actor", "critic") if groups.has_critic else ("actor",)
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl) if config.algorithm.use_kl_in_reward else None
-        self.rollout_wg = rollout_wg
-        if rollout_wg is None:
-            self.rollout_source = ColocatedRollout(actor_wg, train_loader)
-        else:
-            rules = config.async_training
-            self.rollout_source = AsyncRollout(
-                rollout_wg,
-                actor_wg,
-                train_loader,
-                staleness_threshold=rules.staleness_threshold,
-                trigger_parameter_sync_step=rules.trigger_parameter_sync_step,
-                rollout_n=config.actor_rollout_ref.rollout.n,
-                partial_rollout=rules.partial_rollout,
-                wait_timeout_s=config.trainer.collective_timeout_s,
-            )
+        self.rollout_source = self._rollout_source()
+
+    def _rollout_source(self):
+        """Where the steps' samples come from: the actor workers, or the rollout group of its own."""
+        if not self.groups.has_rollout_group:
+            return ColocatedRollout(self.actor_wg, self.train_loader)
+        rules = self.config.async_training
+        return AsyncRollout(
+            self.rollout_wg,
+            self.actor_wg,
+            self.train_loader,
+            staleness_threshold=rules.staleness_threshold,
+            trigger_parameter_sync_step=rules.trigger_parameter_sync_step,
+            rollout_n=self.config.actor_rollout_ref.rollout.n,
+            partial_rollout=rules.partial_rollout,
+            wait_timeout_s=self.config.trainer.collective_timeout_s,
+        )
+
+    @property
+    def actor_wg(self):
+        """The actor (+ rollout, + reference) worker group."""
+        return self.groups.actor_rollout_ref
+
+    @property
+    def critic_wg(self):
+        """The critic worker group, or None."""
+        return self.groups.critic
+
+    @property
+    def reward_model_wg(self):
+        """The reward-model worker group, or None."""
+        return self.groups.reward_model
+
+    @property
+    def rollout_wg(self):
+        """The rollout worker group of its own, or None."""
+        return self.groups.rollout
 
     # ------------------------------------------------------------------ the loop
 
@@ -195,7 +215,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             self.tracker.set_aside_earlier_rows()
         trainer_cfg = self.config.trainer
         last: dict[str, float] = {}
-        if trainer_cfg.val_before_train and trainer_cfg.test_freq > 0 and self.val_batches and self.global_step == 0:
+        if trainer_cfg.val_before_train and self.plan.test_freq > 0 and self.val_batches and self.global_step == 0:
             last = self.validate()
             self.tracker.log(last, step=0)
         progress = tqdm(
@@ -217,9 +237,9 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             self.global_step += 1
             is_last = self.global_step == self.total_training_steps
             if (
-                trainer_cfg.test_freq > 0
+                self.plan.test_freq > 0
                 and self.val_batches
-                and (self.global_step % trainer_cfg.test_freq == 0 or is_last)
+                and (self.global_step % self.plan.test_freq == 0 or is_last)
             ):
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.global_step)
@@ -228,7 +248,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             progress.update(1)
             progress.set_postfix(
                 reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}",
-                failed=int(metrics.get("actor/update_failures_total", 0)),
+                failed=self.update_results["actor"].num_failed_total if "actor" in self.update_results else 0,
             )
             last = metrics
             self.last_metrics = metrics
@@ -253,14 +273,11 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
 
     def update_counts(self) -> dict[str, tuple[int, int]]:
         """(updates applied, updates skipped) of each trained role over the whole run, resumed parts included."""
-        counts = {}
-        for role in self.roles:
-            attempted = self.last_metrics.get(f"{role}/num_updates_attempted")
-            if attempted is None:
-                continue
-            skipped = int(self.last_metrics.get(f"{role}/update_failures_total", 0))
-            counts[role] = (int(attempted) - skipped, skipped)
-        return counts
+        return {
+            role: (result.num_applied_total, result.num_failed_total)
+            for role, result in self.update_results.items()
+            if role in self.roles
+        }
 
     def final_summary(self) -> str:
         keys = ("critic/score/mean", "val/score/mean", "actor/update_failures_total", "actor/loss_scale")
@@ -318,7 +335,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
                 return self._generate_and_score(more, timing)
 
             batch, filter_metrics = keep_informative_groups(
-                batch, cfg.algorithm.filter_groups, cfg.data.train_batch_size, generate_more
+                batch, cfg.algorithm.filter_groups, self.plan.train_batch_size, generate_more
             )
             metrics.update(filter_metrics)
         if self.critic_wg is not None:
@@ -332,18 +349,28 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             self.compute_advantage(batch)
         if self.critic_wg is not None:
             with self._timed(timing, "update_critic"):
-                metrics.update(mean_over_ranks(self.critic_wg.update_critic(only_keys(batch, CRITIC_UPDATE_READS))))
+                critic = self._record_update(self.critic_wg.update_critic(only_keys(batch, CRITIC_UPDATE_READS)))
+            metrics.update(critic.metrics)
+        actor_updated = False
         # verl's rule, with its 1-based step: the actor starts updating at step critic_warmup (0 and 1: at once)
         if self.global_step + 1 >= cfg.trainer.critic_warmup or self.critic_wg is None:
             with self._timed(timing, "update_actor"):
-                metrics.update(mean_over_ranks(self.actor_wg.update_actor(only_keys(batch, UPDATE_READS))))
+                actor = self._record_update(self.actor_wg.update_actor(only_keys(batch, UPDATE_READS)))
+            metrics.update(actor.metrics)
+            actor_updated = actor.updated
         timing["step"] = time.perf_counter() - step_start
         metrics.update(self.rollout_source.batch_metrics(batch, timing["step"], timing.get("wait_prev_gen", 0.0)))
-        metrics.update(self.rollout_source.after_update(metrics.get("actor/num_updates_successful", 0) > 0))
+        metrics.update(self.rollout_source.after_update(actor_updated))
         metrics.update(self.batch_metrics(batch, timing, use_critic=self.critic_wg is not None))
         metrics.update(self._pop_call_overheads())
         metrics["data/batch_fingerprint"] = float(zlib.crc32("\n".join(map(str, prompt_texts)).encode()))
         return metrics
+
+    def _record_update(self, per_rank: list[UpdateResult]) -> UpdateResult:
+        """The ranks' results of one model's update merged (metrics averaged over ranks), kept for the summary."""
+        result = merge_rank_results(per_rank, mean_over_ranks)
+        self.update_results[result.role] = result
+        return result
 
     def _generate_and_score(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
         """One generation round: each prompt gets a group id (``uid``); one worker call generates and computes the
@@ -457,8 +484,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         GAE gets the values and its constants; every other estimator gets the rewards, the mask, the group ids and
         the ``algorithm`` section as ``config`` (built-ins read ``gamma`` or ``norm_adv_by_std_in_grpo`` from it),
         so that a verl user's estimator written for that call works unchanged. As in verl, ``gdpo`` also gets the
-        batch (``batch=``, ``non_tensor_batch=``: the reward components), and the token-baseline estimators the
-        old log-probs, the rollout importance weights and ``sum_pi_squared`` when the batch has them.
+        batch (``batch=``, ``non_tensor_batch=``: the reward components).
         """
         algo = self.config.algorithm
         estimator = get_adv_estimator_fn(algo.adv_estimator)
@@ -489,9 +515,6 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         if name == "gdpo":
             kwargs["non_tensor_batch"] = batch.non_tensor_batch
             kwargs["batch"] = tensors
-        if name in TOKEN_BASELINE_ESTIMATORS:
-            for key in ("old_log_probs", "rollout_is_weights", "sum_pi_squared"):
-                kwargs[key] = tensors[key] if key in tensors.keys() else None
         return kwargs
 
     def batch_metrics(self, batch: DataProto, timing: dict[str, float], use_critic: bool) -> dict[str, float]:

@@ -1,14 +1,16 @@
 """The trainer's checkpoints: ``global_step_N`` directories written atomically, resumed from, and kept in number.
 
 :class:`CheckpointMixin` is a part of :class:`~verl.trainer.ppo.ray_trainer.RayPPOTrainer`; it reads the trainer's
-``config``, worker groups, ``rollout_source`` (the data position a checkpoint saves), ``kl_ctrl``, ``roles``,
-``stop_signals``, ``resume_from`` and ``global_step``, and keeps ``last_checkpoint``. A write that fails raises
-:class:`~verl.utils.checkpoint_errors.CheckpointWriteError` and leaves nothing of the attempt behind; between two
-steps a stop signal is answered by a save and :class:`~verl.trainer.preemption.Preempted`.
+``config``, ``plan`` (the :class:`~verl.workers.config.plan.RunPlan`, saved as ``run_plan.json`` in each checkpoint,
+:func:`write_run_plan`), worker groups, ``rollout_source`` (the data position a checkpoint saves), ``kl_ctrl``,
+``roles``, ``stop_signals``, ``resume_from`` and ``global_step``, and keeps ``last_checkpoint``. A write that fails
+raises :class:`~verl.utils.checkpoint_errors.CheckpointWriteError` and leaves nothing of the attempt behind; between
+two steps a stop signal is answered by a save and :class:`~verl.trainer.preemption.Preempted`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,24 @@ from verl.utils.checkpoint import (
     step_of_checkpoint,
     verify_checkpoint,
 )
+from verl.workers.config.plan import RunPlan
 
 logger = logging.getLogger("verl.trainer")
+# the run plan of the run that wrote a checkpoint, as plain JSON beside trainer_state.pt (for people and tools: a
+# resume derives its own plan from its own config)
+RUN_PLAN_FILE = "run_plan.json"
+
+
+def write_run_plan(step_dir: Path, plan: RunPlan) -> Path:
+    """Write ``plan`` as ``step_dir/run_plan.json`` (keys sorted, indented); returns the file's path."""
+    path = Path(step_dir) / RUN_PLAN_FILE
+    path.write_text(json.dumps(plan.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_run_plan(step_dir: Path) -> dict[str, Any]:
+    """The plain values of a checkpoint's ``run_plan.json`` (tuples come back as lists)."""
+    return json.loads((Path(step_dir) / RUN_PLAN_FILE).read_text(encoding="utf-8"))
 
 
 class CheckpointMixin:
@@ -76,6 +94,7 @@ class CheckpointMixin:
                         "kl_coef": None if self.kl_ctrl is None else float(self.kl_ctrl.value),
                     },
                 )
+                write_run_plan(tmp, self.plan)
                 self._check_written(tmp)
         except (CheckpointWriteError, OSError) as err:
             raise CheckpointWriteError.while_saving(err, final) from err

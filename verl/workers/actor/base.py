@@ -14,8 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import (
+from verl.algorithms.core_algos import (
     agg_loss,
     compute_policy_loss_bypass_mode,
     get_policy_loss_fn,
@@ -23,12 +22,14 @@ from verl.trainer.ppo.core_algos import (
     loss_aggregation,
     loss_share,
 )
+from verl.models.decoding import IncrementalDecoder, RecomputeDecoder
+from verl.protocol import DataProto
 from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import compute_response_log_probs
 from verl.workers.actor.update_loop import UpdateLoop
 from verl.workers.config.roles import MicroBatching
-from verl.workers.rollout.decoding import IncrementalDecoder, RecomputeDecoder
+from verl.workers.update_outcome import UpdateResult
 
 UPDATE_KEYS = ["input_ids", "attention_mask", "position_ids", "responses", "response_mask", "advantages"]
 # read when the batch has them: the engine's log-probs (mismatch metrics, bypass/reinforce) and importance weights
@@ -294,8 +295,9 @@ class BasePPOActor(UpdateLoop):
             keys.append("ref_log_prob")
         return keys + [key for key in OPTIONAL_UPDATE_KEYS if key in data.batch.keys()]
 
-    def update_policy(self, data: DataProto) -> dict[str, float]:
-        """Train the policy on ``data`` (rows of this rank); returns the step's ``actor/...`` metrics.
+    def update_policy(self, data: DataProto) -> UpdateResult:
+        """Train the policy on ``data`` (rows of this rank); returns the step's result (outcomes, the run's counts of
+        attempted and failed updates, and the ``actor/...`` metrics in ``result.metrics``).
 
         Args:
             data: rows with the sequence tensors (B, P+R), ``responses``, ``response_mask``, ``advantages`` (B, R),
@@ -312,18 +314,18 @@ class BasePPOActor(UpdateLoop):
         ``rollout_log_probs``, the mismatch metrics are taken against the update's own first forward (the old policy
         of a single on-policy update).
         """
-        from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
+        from verl.algorithms.rollout_corr import compute_mismatch_metrics
 
         self._correction = data.meta_info.get("rollout_correction")
         self._first_forward = [] if "old_log_probs" not in data.batch.keys() else None
         try:
-            metrics = self.update(data)
+            result = self.update(data)
             if self._first_forward:
                 engine, trainer, mask = (torch.cat(parts) for parts in zip(*self._first_forward))
-                metrics.update(compute_mismatch_metrics(engine, trainer, mask))
+                result = result.with_metrics(compute_mismatch_metrics(engine, trainer, mask))
         finally:
             self._correction, self._first_forward = None, None
-        return metrics
+        return result
 
 
 class _BypassView:

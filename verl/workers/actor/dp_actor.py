@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from verl.models.decoding import HFCachedDecoder, IncrementalDecoder
 from verl.models.llama_decode import LlamaFamilyDecoder, supports_llama_decode
 from verl.utils.amp_optimizer import build_amp_optimizer
 from verl.utils.kernel import response_log_probs_from_hidden
@@ -24,7 +25,6 @@ from verl.workers.actor.backend import DPBackend, TrainingBackend
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
-from verl.workers.rollout.decoding import HFCachedDecoder, IncrementalDecoder
 
 logger = logging.getLogger(__name__)
 

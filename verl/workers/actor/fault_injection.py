@@ -7,7 +7,8 @@ overflow on one rank would. Where the optimizer reduces the gradients itself (th
 CPU path: :class:`~verl.utils.amp_optimizer.AmpOptimizer`) the gradients are poisoned right before its step. On the
 megatron GPU path megatron-core's DDP reduces them inside the forward/backward schedule, so there the drill poisons
 the micro-batch losses instead (:meth:`FaultInjector.poison_loss`): the backward then produces the NaN gradients.
-Which of the two a model gets is declared by its backend (``fire_drill_target`` in :mod:`verl.workers.actor.backend`).
+Which of the two a model gets is declared by its backend (``fire_drill_target``, a
+:class:`~verl.workers.actor.backend.FireDrillTarget`).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
+from verl.models.decoding import IncrementalDecoder
 from verl.utils.fsdp_optimizer import build_sharded_amp_optimizer
 from verl.utils.fsdp_utils import (
     cast_floating_buffers,
@@ -41,7 +42,6 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
 from verl.workers.config.precision import FSDPPrecision, fsdp_precision
-from verl.workers.rollout.decoding import IncrementalDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +151,8 @@ class OneRankPlainDecoder(IncrementalDecoder):
             use_onednn_linear(self.plain, next(self.plain.parameters()).device)
 
     def prefill(self, input_ids, attention_mask, position_ids, max_new_tokens):
+        from verl.models.decoding import HFCachedDecoder
         from verl.models.llama_decode import LlamaFamilyDecoder, supports_llama_decode
-        from verl.workers.rollout.decoding import HFCachedDecoder
 
         self._load_plain_weights()
         decoder = LlamaFamilyDecoder if supports_llama_decode(self.plain) else HFCachedDecoder
@@ -183,6 +183,17 @@ def model_precision(config, fsdp_config, *, trainable: bool, key: str) -> FSDPPr
     return fsdp_precision(config.dtype, fsdp_config, trainable=trainable, key=key, dtype_key=f"{config.KEY}.dtype")
 
 
+def _warn_if_gathers_are_coarser(precision: FSDPPrecision, key: str) -> None:
+    """Warn when the weights are gathered in bf16 for an fp16 forward (a mismatch with an fp16 rollout engine)."""
+    if precision.gathers_coarser_than_compute:
+        logger.warning(
+            "%s.mixed_precision.param_dtype=bf16 with dtype=float16: the weights are rounded to bf16 before each fp16 "
+            "forward, which an fp16 rollout engine does not do (the training/rollout_probs_diff metrics show it); "
+            "leave param_dtype null to gather in fp16",
+            key,
+        )
+
+
 def shard_for_training(module, config, fsdp_config, *, mesh, total_training_steps, wrap_class_names, key, trainable):
     """Shard ``module`` per ``fsdp_config`` and, when ``trainable``, build its sharded AdamW and LR schedule.
 
@@ -207,13 +218,7 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
     """
     precision = model_precision(config, fsdp_config, trainable=trainable, key=key)
     dtype = TORCH_DTYPES[precision.compute]
-    if precision.gathers_coarser_than_compute:
-        logger.warning(
-            "%s.mixed_precision.param_dtype=bf16 with dtype=float16: the weights are rounded to bf16 before each fp16 "
-            "forward, which an fp16 rollout engine does not do (the training/rollout_probs_diff metrics show it); "
-            "leave param_dtype null to gather in fp16",
-            key,
-        )
+    _warn_if_gathers_are_coarser(precision, key)
     # the loaders already load in model_dtype (no fp32 copy of a large model first); a module handed in is cast here
     cast_floating_parameters(module, TORCH_DTYPES[precision.model])
     cast_floating_buffers(module, TORCH_DTYPES[precision.buffer])

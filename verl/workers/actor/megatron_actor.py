@@ -11,8 +11,9 @@ Two paths, chosen by the device (the worker logs which):
 
 Either way a failed update goes to the handler from ``update_failure_policy``, never to a ``NotImplementedError``.
 
-What the two paths change in the loop (schedule, autocast, fire drill, step, loss scale) is all in
-:class:`~verl.workers.actor.backend.MegatronBackend`; this class adds the GPTModel's forward pass and decoder.
+What the paths change in the loop (schedule, autocast, fire drill, step, loss scale) is all in their backends
+(:mod:`verl.workers.actor.megatron_backend`: megatron-core's schedule, the adapter over pipeline stages, the plain
+adapter), chosen once when the actor is built; this class adds the GPTModel's forward pass and decoder.
 
 With pipeline stages (``megatron.pipeline_model_parallel_size > 1``) every pass runs through the stages of
 :mod:`verl.models.mcore.pipeline`: the log-prob pass and the decoder relay the hidden states and hand the last
@@ -32,13 +33,13 @@ from verl.models.mcore.fused_head import FusedHeadRequest, fused_head_request, u
 from verl.models.mcore.inference import MegatronCachedDecoder
 from verl.models.mcore.model import batch_gpt_inputs
 from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
-from verl.workers.actor.backend import MegatronBackend
 from verl.workers.actor.base import BasePPOActor
+from verl.workers.actor.megatron_backend import megatron_backend
 from verl.workers.config import ActorConfig
 
 
 class MegatronPPOActor(BasePPOActor):
-    """PPO actor over a megatron-core GPTModel, on a :class:`~verl.workers.actor.backend.MegatronBackend`.
+    """PPO actor over a megatron-core GPTModel, on one of the backends of :mod:`verl.workers.actor.megatron_backend`.
 
     Args:
         config: the ``actor_rollout_ref.actor`` config.
@@ -69,15 +70,23 @@ class MegatronPPOActor(BasePPOActor):
     ):
         self.model = model
         self.training_path = "GPU path" if use_megatron_schedule else "CPU path"
-        backend = MegatronBackend(
+        self.stage = PipelineStage.of_model(model)  # this rank's pipeline stage (None: the whole model is here)
+        calculate_entropy = config.entropy_coeff != 0
+        # the path is chosen here, once: megatron-core's schedule, the adapter over stages, or the plain adapter
+        backend = megatron_backend(
             model,
             use_megatron_schedule=use_megatron_schedule,
-            params_in_compute_dtype=params_in_compute_dtype,
+            stage=self.stage,
+            run_stage=self.run_stage,
+            fused_request=lambda batch, temperature: self.fused_request(batch, temperature, calculate_entropy),
+            params_in_compute_dtype=use_megatron_schedule
+            if params_in_compute_dtype is None
+            else params_in_compute_dtype,
             min_loss_scale=min_loss_scale,
+            use_distributed_optimizer=config.megatron.use_distributed_optimizer,
             hf_config=hf_config,
         )
         super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
-        self.stage = PipelineStage.of_model(model)  # this rank's pipeline stage (None: the whole model is here)
         if config.use_fused_kernels and (self.stage is None or self.stage.is_last):
             use_fused_head(model)
 

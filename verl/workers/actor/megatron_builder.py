@@ -71,54 +71,55 @@ def build_megatron_actor(
         ValueError: an unsupported parallel layout or ``use_megatron_optimizer`` (see the module doc).
     """
     device = torch.device(device)
-    dtype = TORCH_DTYPES[actor_config.dtype]
+    megatron = actor_config.megatron
     key = f"{ActorConfig.KEY}.megatron"
-    actor_config.megatron.check_device(device.type, key, trainable=trainable)
-    use_megatron = actor_config.megatron.training_path(device.type, key)
-    tp = actor_config.megatron.tensor_model_parallel_size
-    pp = actor_config.megatron.pipeline_model_parallel_size
+    megatron.check_device(device.type, key, trainable=trainable)
+    use_megatron = megatron.training_path(device.type, key)
     hf_config, hf_state_dict = _resolve_hf_model(hf_config_or_path, hf_state_dict)
-    actor_config.megatron.check_fits(hf_config, key)
-    # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path holds
-    # fp16/bf16 parameters with fp32 main copies inside its optimizer. A frozen model on the GPU path holds
-    # fp16/bf16 parameters and nothing else.
-    param_dtype = dtype if use_megatron else torch.float32
-    model = build_gpt_model(
-        hf_config,
-        param_dtype,
-        device,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        seed=actor_config.megatron.seed,
-        **actor_config.megatron.transformer_overrides(device.type),
-    )
-    if actor_config.megatron.use_dist_checkpointing:
-        _load_dist_checkpoint(model, actor_config.megatron)
-    elif hf_state_dict is not None:
-        load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
-    notes = pipeline_stage_note(pp)
-    if actor_config.megatron.use_dist_checkpointing:
-        notes += f", initial weights from {actor_config.megatron.dist_checkpointing_path}"
+    megatron.check_fits(hf_config, key)
+    # The adapter path keeps fp32 master weights and computes under autocast; megatron-core's path (a frozen model
+    # on it too) holds fp16/bf16 parameters, with fp32 main copies inside its optimizer when trained.
+    param_dtype = TORCH_DTYPES[actor_config.dtype] if use_megatron else torch.float32
+    model, notes = _build_gpt_model(hf_config, hf_state_dict, megatron, param_dtype, device)
     if trainable and lora is not None and lora.rank > 0:
-        notes += add_megatron_lora(model, lora, seed=actor_config.megatron.seed)
+        notes += add_megatron_lora(model, lora, seed=megatron.seed)
     if not trainable:
         model.eval().requires_grad_(False)
         actor = MegatronPPOActor(actor_config, model, params_in_compute_dtype=use_megatron, rank=rank)
         actor.training_path = f"frozen reference, {param_dtype} parameters on {device}{notes}"
         return actor
-    optim_config = actor_config.optim
+    actor, path = _trained_actor(
+        model, actor_config, hf_config, use_megatron, total_training_steps, rank, process_group
+    )
+    actor.training_path = f"{path} on {device}{notes}"
+    logger.info("megatron actor: %s", actor.training_path)
+    return actor
+
+
+def _trained_actor(
+    model: torch.nn.Module,
+    actor_config: ActorConfig,
+    hf_config: Any,
+    use_megatron: bool,
+    total_training_steps: int,
+    rank: int,
+    process_group: Any,
+) -> tuple[MegatronPPOActor, str]:
+    """The trained actor over ``model`` and what its path is called: megatron-core's DDP, optimizer and schedules
+    (``use_megatron``), or the torch.optim adapter with fp32 master weights."""
+    megatron, dtype = actor_config.megatron, TORCH_DTYPES[actor_config.dtype]
     if use_megatron:
         model, optimizer, scheduler = _megatron_core_training(
-            model, optim_config, dtype, total_training_steps, actor_config.megatron
+            model, actor_config.optim, dtype, total_training_steps, megatron
         )
         path = "GPU path: megatron-core DDP, optimizer and schedules"
     else:
         optimizer, scheduler = build_amp_optimizer(
             [param for param in model.parameters() if param.requires_grad],
-            optim_config,
+            actor_config.optim,
             dtype=dtype,
             total_training_steps=total_training_steps,
-            **adapter_groups(tp, pp, process_group),
+            **adapter_groups(megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size, process_group),
         )
         path = f"CPU path: torch.optim adapter, fp32 master weights, {dtype} autocast"
     actor = MegatronPPOActor(
@@ -127,13 +128,35 @@ def build_megatron_actor(
         optimizer,
         scheduler,
         use_megatron_schedule=use_megatron,
-        min_loss_scale=optim_config.min_loss_scale if dtype == torch.float16 else None,
+        min_loss_scale=actor_config.optim.min_loss_scale if dtype == torch.float16 else None,
         hf_config=hf_config,
         **build_loop_parts(actor_config, rank=rank),
     )
-    actor.training_path = f"{path} on {device}{notes}"
-    logger.info("megatron actor: %s", actor.training_path)
-    return actor
+    return actor, path
+
+
+def _build_gpt_model(
+    hf_config: Any, hf_state_dict: dict | None, megatron: Any, param_dtype: torch.dtype, device: torch.device
+) -> tuple[torch.nn.Module, str]:
+    """The GPTModel of the ``megatron`` section's parallel layout with its initial weights (a distributed checkpoint,
+    else ``hf_state_dict`` when given), and what the role's description says of its stage and weights."""
+    pp = megatron.pipeline_model_parallel_size
+    model = build_gpt_model(
+        hf_config,
+        param_dtype,
+        device,
+        tensor_model_parallel_size=megatron.tensor_model_parallel_size,
+        pipeline_model_parallel_size=pp,
+        seed=megatron.seed,
+        **megatron.transformer_overrides(device.type),
+    )
+    notes = pipeline_stage_note(pp)
+    if megatron.use_dist_checkpointing:
+        _load_dist_checkpoint(model, megatron)
+        notes += f", initial weights from {megatron.dist_checkpointing_path}"
+    elif hf_state_dict is not None:
+        load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
+    return model, notes
 
 
 def pipeline_stage_note(stages: int) -> str:

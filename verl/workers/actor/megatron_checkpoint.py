@@ -25,8 +25,9 @@ split model), and :func:`load_distributed_optimizer_state` scatters them back; b
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -39,9 +40,6 @@ from verl.utils.checkpoint import (
     save_weights,
     shard_name,
 )
-
-if TYPE_CHECKING:
-    from verl.workers.actor.update_loop import UpdateLoop
 
 HF_EXPORT_DIR = "huggingface"
 DISTRIBUTED_OPTIMIZER_FILE = "distrib_optim.pt"
@@ -68,12 +66,15 @@ def _ranks() -> tuple[int, int | None, int]:
 
 
 def save_tensor_parallel_checkpoint(
-    loop: UpdateLoop, module: torch.nn.Module, directory: str | os.PathLike, hf_config: Any = None
+    training_state: Callable[[], dict[str, Any]],
+    module: torch.nn.Module,
+    directory: str | os.PathLike,
+    hf_config: Any = None,
 ) -> None:
     """Write this rank's shards and, on the model-parallel group's first rank, the gathered weights (a collective).
 
     Args:
-        loop: the update loop whose training state is saved.
+        training_state: returns the training state to save (optimizer, LR schedule, handler, counters).
         module: the GPTModel (this rank's part).
         directory: the checkpoint directory.
         hf_config: the Hugging Face config, for the ``huggingface/`` export (None: no export).
@@ -87,14 +88,14 @@ def save_tensor_parallel_checkpoint(
     shards.mkdir(parents=True, exist_ok=True)
     state = {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
     save_weights(shards / WEIGHTS_FILE, state)
-    save_state(shards / TRAIN_STATE_FILE, loop.training_state_dict())
+    save_state(shards / TRAIN_STATE_FILE, training_state())
     full = gather_model_parallel_state_dict(module, state)
     if tp_rank != 0 or stage not in (None, 0):
         return
     save_weights(Path(directory) / WEIGHTS_FILE, full)
     # the files every checkpoint has at its top (the driver checks them before resuming); the shards' own
     # training states are what a resume loads
-    save_state(Path(directory) / TRAIN_STATE_FILE, loop.training_state_dict())
+    save_state(Path(directory) / TRAIN_STATE_FILE, training_state())
     if hf_config is not None:
         export_huggingface_weights(directory, full, hf_config)
 
@@ -119,8 +120,11 @@ def export_huggingface_weights(directory: str | os.PathLike, full: dict[str, tor
     save_weights(export / WEIGHTS_FILE, hf)
 
 
-def load_tensor_parallel_checkpoint(loop: UpdateLoop, module: torch.nn.Module, directory: str | os.PathLike) -> None:
-    """Restore this rank's shards and training state from :func:`save_tensor_parallel_checkpoint`'s layout.
+def load_tensor_parallel_checkpoint(
+    load_training_state: Callable[[dict[str, Any]], None], module: torch.nn.Module, directory: str | os.PathLike
+) -> None:
+    """Restore this rank's shards and, through ``load_training_state``, its training state from
+    :func:`save_tensor_parallel_checkpoint`'s layout.
 
     Raises:
         CheckpointError: this rank's shard files are missing or damaged (e.g. written with another
@@ -137,16 +141,14 @@ def load_tensor_parallel_checkpoint(loop: UpdateLoop, module: torch.nn.Module, d
             f"{shards}: shards do not fit the model (missing {missing[:5]}, unexpected {list(unexpected)[:5]}); "
             "was the checkpoint written with another model or model-parallel layout?"
         )
-    loop.load_training_state_dict(load_state(shards / TRAIN_STATE_FILE))
+    load_training_state(load_state(shards / TRAIN_STATE_FILE))
 
 
-def distributed_optimizer(loop: UpdateLoop) -> Any | None:
-    """megatron-core's optimizer when it shards its state over the data-parallel ranks (the section's
-    ``megatron.use_distributed_optimizer``), the one under a chain of one; else None."""
-    megatron = getattr(loop.config, "megatron", None)
-    if loop.optimizer is None or megatron is None or not megatron.use_distributed_optimizer:
+def distributed_optimizer(optimizer: Any, use_distributed_optimizer: bool) -> Any | None:
+    """megatron-core's ``optimizer`` when it shards its state over the data-parallel ranks (the section's
+    ``megatron.use_distributed_optimizer``), the one under a chain of one; else None (also for a frozen model)."""
+    if optimizer is None or not use_distributed_optimizer:
         return None
-    optimizer = loop.optimizer
     chained = getattr(optimizer, "chained_optimizers", None)
     if chained is not None:
         # a dense GPTModel gets one sub-optimizer (a second one holds MoE expert parameters only)
@@ -162,11 +164,11 @@ def _distributed_optimizer_file(directory: str | os.PathLike, split: bool) -> Pa
     return shard_directory(directory, tp_rank, stage) / DISTRIBUTED_OPTIMIZER_FILE
 
 
-def save_distributed_optimizer_state(loop: UpdateLoop, directory: str | os.PathLike, *, split: bool) -> bool:
-    """With a distributed optimizer, gather its fp32 main weights and moments over the data-parallel group and write
-    them on its rank 0 (a collective: every data-parallel rank calls it). Returns whether this rank writes the rest
+def save_distributed_optimizer_state(optimizer: Any, directory: str | os.PathLike, *, split: bool) -> bool:
+    """With a distributed optimizer (``optimizer``, from :func:`distributed_optimizer`; None without one), gather
+    its fp32 main weights and moments over the data-parallel group and write them on its rank 0 (a collective:
+    every data-parallel rank calls it). Returns whether this rank writes the rest
     of the checkpoint (data-parallel rank 0, or every rank without a distributed optimizer)."""
-    optimizer = distributed_optimizer(loop)
     if optimizer is None:
         return True
     state = optimizer.get_parameter_state_dp_zero()  # None on the other data-parallel ranks
@@ -178,16 +180,16 @@ def save_distributed_optimizer_state(loop: UpdateLoop, directory: str | os.PathL
     return True
 
 
-def load_distributed_optimizer_state(loop: UpdateLoop, directory: str | os.PathLike, *, split: bool) -> None:
-    """Scatter what :func:`save_distributed_optimizer_state` wrote over the data-parallel group (a collective),
-    after the optimizer's ``state_dict`` was loaded (which leaves the moments uninitialised), so that the next step
-    starts from the saved fp32 main weights and moments. Nothing without a distributed optimizer.
+def load_distributed_optimizer_state(optimizer: Any, directory: str | os.PathLike, *, split: bool) -> None:
+    """Into ``optimizer`` (from :func:`distributed_optimizer`; None: nothing to do), scatter what
+    :func:`save_distributed_optimizer_state` wrote over the data-parallel group (a collective), after the
+    optimizer's ``state_dict`` was loaded (which leaves the moments uninitialised), so that the next step starts
+    from the saved fp32 main weights and moments.
 
     Raises:
         CheckpointError: the file is missing or damaged (data-parallel rank 0 reads it; the others then wait in
             the group's collective until their timeout).
     """
-    optimizer = distributed_optimizer(loop)
     if optimizer is None:
         return
     state = load_state(_distributed_optimizer_file(directory, split)) if _ranks()[2] == 0 else None

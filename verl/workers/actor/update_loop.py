@@ -3,12 +3,15 @@
 :class:`UpdateLoop` is role-neutral and backend-neutral: ``ppo_epochs`` x mini-batches x micro-batches, gradient
 accumulation weighted by each micro-batch's share, one optimizer step per mini-batch, and then always
 ``outcome = self._optimizer_step()`` followed by ``self.update_outcome_handler.handle(outcome)``. The loop never
-branches on success itself, so what a failed update means is decided by the configured policy alone. The actor
-(:class:`~verl.workers.actor.base.BasePPOActor`) and the critic (:class:`~verl.workers.critic.base.BasePPOCritic`)
-are siblings on this loop: each says which batch keys its update reads, at which temperature, and what the loss of
-a micro-batch is. Everything that differs between backends (autocast, the backward over a mini-batch, where the
-fire drill poisons, the optimizer step and its loss scale, checkpoints) is answered by the loop's
-:class:`~verl.workers.actor.backend.TrainingBackend`; a model's class adds only its module and forward pass.
+branches on success itself, so what a failed update means is decided by the configured policy alone; a training
+step returns an :class:`~verl.workers.update_outcome.UpdateResult` (its outcomes, the run's counts, its metrics).
+The actor (:class:`~verl.workers.actor.base.BasePPOActor`) and the critic
+(:class:`~verl.workers.critic.base.BasePPOCritic`) are siblings on this loop: each says which batch keys its update
+reads, at which temperature, and what the loss of a micro-batch is. Everything that differs between backends
+(autocast, the backward over a mini-batch, where the fire drill poisons, the optimizer step and its loss scale,
+checkpoints) is answered by the loop's :class:`~verl.workers.actor.backend.TrainingBackend`, which gets what it
+trains with once (:class:`BackendParts`) and, per mini-batch, the mini-batch and its loss functions
+(:class:`MiniBatchLoss`), never the loop itself; a model's class adds only its module and forward pass.
 
 The builders construct the update-outcome handler and the fire drill and pass them in; a frozen model (the
 reference policy) gets neither, and no optimizer.
@@ -24,13 +27,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.algorithms.core_algos import loss_share
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import loss_share
 from verl.utils.metrics import StepMetrics
-from verl.workers.actor.backend import FIRE_DRILL_TARGETS, TrainingBackend
+from verl.workers.actor.backend import (
+    BackendParts,
+    CheckpointContents,
+    FireDrillTarget,
+    MiniBatchLoss,
+    TrainingBackend,
+)
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.config import TrainedModelConfig
-from verl.workers.update_outcome import FailureCause, UpdateOutcome, UpdateOutcomeHandler
+from verl.workers.update_outcome import FailureCause, UpdateOutcome, UpdateOutcomeHandler, UpdateResult
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +89,7 @@ class UpdateLoop(ABC):
             ``get_loss_scale()``, ``zero_grad()``, ``backward(loss)``, ``state_dict()``; None for a frozen model.
         lr_scheduler: stepped once per training step in which at least one update succeeded.
         backend: how the model trains on its backend (:class:`~verl.workers.actor.backend.DPBackend`,
-            ``FSDPBackend``, ``MegatronBackend``).
+            ``FSDPBackend``, the megatron backends of :mod:`verl.workers.actor.megatron_backend`).
         update_outcome_handler: decides what a failed update means (None for a frozen model).
         fault_injector: the fire drill (None: off).
         rank: data-parallel rank.
@@ -93,6 +102,9 @@ class UpdateLoop(ABC):
     current_mini_batch: DataProto | None = None
     # whether a micro-batch loss of the current mini-batch was inf/NaN (a 0-d bool tensor: no host sync per loss)
     _nonfinite_loss: torch.Tensor | None = None
+    #: The ``peft.PeftModel`` around the module when it trains LoRA adapters (set by the worker); checkpoints then
+    #: also write the adapter directory.
+    peft_model = None
 
     def __init__(
         self,
@@ -109,7 +121,7 @@ class UpdateLoop(ABC):
         self.role = type(config).ROLE
         if optimizer is not None and update_outcome_handler is None:
             raise ValueError(f"{self.role}: a trained model needs an update-outcome handler (see build_loop_parts).")
-        assert backend.fire_drill_target in FIRE_DRILL_TARGETS, backend.fire_drill_target
+        assert isinstance(backend.fire_drill_target, FireDrillTarget), backend.fire_drill_target
         self.backend = backend
         self.rank = rank
         self.optimizer = optimizer
@@ -118,6 +130,7 @@ class UpdateLoop(ABC):
         self.fault_injector = fault_injector if fault_injector is not None else FaultInjector(rank=rank)
         self.dtype = TORCH_DTYPES[config.dtype]
         self.num_update_steps = 0
+        self.num_failed_updates = 0  # failed updates since the run began (resumed parts included)
         self.mini_batch_size = config.ppo_mini_batch_size
         self.micro_batch_size = config.ppo_micro_batch_size_per_gpu
         self.micro_batching = config.train_micro_batching()
@@ -126,6 +139,10 @@ class UpdateLoop(ABC):
                 f"{type(config).KEY}: the per-rank mini-batch ({self.mini_batch_size} samples) must be a multiple of "
                 f"ppo_micro_batch_size_per_gpu ({self.micro_batch_size})."
             )
+        # everything the backend trains with, once: it never reads the loop's members
+        backend.attach(
+            BackendParts(self.model_module(), optimizer, self.dtype, self.micro_batching, self.fault_injector)
+        )
 
     # ------------------------------------------------------------------ what a model's class provides
 
@@ -139,7 +156,7 @@ class UpdateLoop(ABC):
 
     def autocast(self):
         """Mixed-precision context for forward passes (fp32 master weights, fp16/bf16 compute), the backend's."""
-        return self.backend.autocast(self)
+        return self.backend.autocast()
 
     # ------------------------------------------------------------------ what a role provides
 
@@ -180,7 +197,16 @@ class UpdateLoop(ABC):
 
     def _backward_mini_batch(self, mini: DataProto, temperature: float | None) -> list[dict[str, float]]:
         """Forward and backward every micro-batch of ``mini``, accumulating gradients; returns their metrics."""
-        return self.backend.backward_mini_batch(self, mini, temperature)
+        batch = MiniBatchLoss(
+            mini=mini,
+            temperature=temperature,
+            update_step=self.num_update_steps + 1,  # the update this mini-batch's gradients feed
+            loss=lambda micro: self._micro_batch_loss(micro, temperature),
+            loss_from_output=lambda micro, output: self._loss_from_model_output(micro, output, temperature),
+            weight=lambda micro: self._micro_batch_weight(micro, mini),
+            note_loss=self.note_loss,
+        )
+        return self.backend.backward_mini_batch(batch)
 
     def note_loss(self, loss: torch.Tensor) -> None:
         """Record whether a micro-batch's unscaled loss is inf/NaN; every backend calls this for each loss it is
@@ -202,8 +228,8 @@ class UpdateLoop(ABC):
             successful=False,
             grad_norm=None,
             num_zeros_in_grad=None,
-            loss_scale=self.backend.loss_scale(self),
-            min_loss_scale=self.backend.min_loss_scale(self),
+            loss_scale=self.backend.loss_scale(),
+            min_loss_scale=self.backend.min_loss_scale(),
             step=self.num_update_steps,
             role=self.role,
             cause=cause,
@@ -221,16 +247,16 @@ class UpdateLoop(ABC):
             return self._failed_outcome(FailureCause.NONFINITE_LOSS)
         self.num_update_steps += 1
         step = self.num_update_steps
-        if self.backend.fire_drill_target == "gradients":  # otherwise the backward already poisoned the losses
+        if self.backend.fire_drill_target is FireDrillTarget.GRADIENTS:  # else the backward poisoned the losses
             self.fault_injector.maybe_poison(step, self.trainable_parameters())
-        loss_scale = self.backend.loss_scale(self)  # the scale this step's gradients were computed with
-        successful, grad_norm, num_zeros = self.backend.step(self)
+        loss_scale = self.backend.loss_scale()  # the scale this step's gradients were computed with
+        successful, grad_norm, num_zeros = self.backend.step()
         return UpdateOutcome(
             successful=bool(successful),
             grad_norm=None if grad_norm is None else float(grad_norm),
             num_zeros_in_grad=None if num_zeros is None else int(num_zeros),
             loss_scale=loss_scale,
-            min_loss_scale=self.backend.min_loss_scale(self),
+            min_loss_scale=self.backend.min_loss_scale(),
             step=step,
             role=self.role,
             cause=None if successful else self._step_failure_cause(loss_scale),
@@ -254,8 +280,12 @@ class UpdateLoop(ABC):
             return {}  # e.g. NaN rewards whose advantages came out finite (a filtered group): the update is sound
         return {key: count for key, count in counts.items() if count}
 
-    def update(self, data: DataProto) -> dict[str, float]:
-        """Train on ``data`` (rows of this rank) and return the step's metrics, reduced over its updates.
+    def update(self, data: DataProto) -> UpdateResult:
+        """Train on ``data`` (rows of this rank): one training step.
+
+        Returns:
+            The step's :class:`~verl.workers.update_outcome.UpdateResult`: its outcomes in order, the run's counts of
+            attempted and failed updates, and its metrics reduced over its updates (for the logs).
 
         Raises:
             UpdateFailedError: when the update-failure policy stops the run.
@@ -271,7 +301,7 @@ class UpdateLoop(ABC):
         if nonfinite_inputs:  # nothing is computed: one failed update, handled as any other
             outcome = self._failed_outcome(FailureCause.NONFINITE_INPUTS, nonfinite_inputs=nonfinite_inputs)
             self._handle(outcome, metrics)
-            return self._step_metrics(metrics, num_successful=0)
+            return self._result([outcome], metrics)
         data = data.select(batch_keys=read_keys)
         if len(data) % self.mini_batch_size:
             raise ValueError(
@@ -279,7 +309,7 @@ class UpdateLoop(ABC):
                 f"{self.mini_batch_size}; make the batch a multiple of the mini-batch size."
             )
         seed = self.config.seed + self.num_update_steps if self.config.shuffle else None
-        num_successful = 0
+        outcomes = []
         for mini in data.make_iterator(self.mini_batch_size, self.config.ppo_epochs, seed=seed):
             self.current_mini_batch = mini  # what a role's loss may weigh its terms against (see the actor's)
             try:
@@ -287,13 +317,17 @@ class UpdateLoop(ABC):
                     metrics.add(micro_metrics)
             finally:
                 self.current_mini_batch = None
-            num_successful += self._handle(self._optimizer_step(), metrics)
-        if num_successful and self.lr_scheduler is not None:
+            outcomes.append(self._optimizer_step())
+            self._handle(outcomes[-1], metrics)
+        if any(outcome.successful for outcome in outcomes) and self.lr_scheduler is not None:
             self.lr_scheduler.step()  # a step in which no update succeeded does not advance the schedule
-        return self._step_metrics(metrics, num_successful)
+        return self._result(outcomes, metrics)
 
     def _handle(self, outcome: UpdateOutcome, metrics: StepMetrics) -> bool:
-        """Hand ``outcome`` to the policy (which may raise) and add its metrics; returns whether it succeeded."""
+        """Count a failed ``outcome``, hand it to the policy (which may raise) and add its metrics; returns whether
+        it succeeded."""
+        if not outcome.successful:
+            self.num_failed_updates += 1
         reductions = {
             f"{self.role}/{name}": how for name, how in self.update_outcome_handler.metric_reductions().items()
         }
@@ -302,13 +336,21 @@ class UpdateLoop(ABC):
             metrics.add({f"{self.role}/grad_norm": outcome.grad_norm})
         return outcome.successful
 
-    def _step_metrics(self, metrics: StepMetrics, num_successful: int) -> dict[str, float]:
-        """The step's metrics, reduced over its updates, with the update counts and the learning rate."""
+    def _result(self, outcomes: list[UpdateOutcome], metrics: StepMetrics) -> UpdateResult:
+        """The step's result: its outcomes, the run's counts, and its metrics reduced over its updates with the
+        update counts and the learning rate."""
+        num_successful = sum(outcome.successful for outcome in outcomes)
         reduced = metrics.reduce()
         reduced[f"{self.role}/num_updates_successful"] = float(num_successful)
         reduced[f"{self.role}/num_updates_attempted"] = float(self.num_update_steps)
         reduced[f"{self.role}/lr"] = float(self.optimizer.param_groups[0]["lr"])
-        return reduced
+        return UpdateResult(
+            role=self.role,
+            outcomes=tuple(outcomes),
+            num_attempted_total=self.num_update_steps,
+            num_failed_total=self.num_failed_updates,
+            metrics=reduced,
+        )
 
     # ------------------------------------------------------------------ checkpoint state
 
@@ -319,6 +361,7 @@ class UpdateLoop(ABC):
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
             "update_outcome_handler": self.update_outcome_handler.state_dict(),
             "num_update_steps": self.num_update_steps,
+            "num_failed_updates": self.num_failed_updates,
         }
 
     def load_training_state_dict(self, state: dict[str, Any]) -> None:
@@ -327,17 +370,35 @@ class UpdateLoop(ABC):
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.update_outcome_handler.load_state_dict(state["update_outcome_handler"])
         self.num_update_steps = int(state["num_update_steps"])
+        if "num_failed_updates" in state:
+            self.num_failed_updates = int(state["num_failed_updates"])
+        else:
+            # A checkpoint written before the loop kept its own count: every failed outcome went to the handler, so
+            # its total failures is the same count; a handler that keeps none leaves 0 (nothing better is known).
+            handler_state = state["update_outcome_handler"] or {}
+            self.num_failed_updates = int(handler_state.get("num_total_failures", 0))
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
         """Weights and training state into ``directory``, as the backend writes them (see its ``save_checkpoint``).
 
         The caller makes the directory atomic (see :func:`verl.utils.checkpoint.atomic_directory`).
         """
-        self.backend.save_checkpoint(self, directory)
+        self.backend.save_checkpoint(directory, self._checkpoint_contents())
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
         """Restore what :meth:`save_checkpoint` wrote: weights, optimizer, loss scaler, LR schedule, handler."""
-        self.backend.load_checkpoint(self, directory)
+        self.backend.load_checkpoint(directory, self._checkpoint_contents())
+
+    def _checkpoint_contents(self) -> CheckpointContents:
+        """What the backend writes beside its own files, and how the training state is restored."""
+        checkpoint = getattr(self.config, "checkpoint", None)  # a section only some roles have
+        return CheckpointContents(
+            module=self.model_module(),
+            training_state=self.training_state_dict,
+            load_training_state=self.load_training_state_dict,
+            hf_model=bool(checkpoint is not None and checkpoint.hf_model),
+            peft_model=self.peft_model,
+        )
 
 
 def build_loop_parts(config: TrainedModelConfig, *, rank: int) -> dict[str, Any]:

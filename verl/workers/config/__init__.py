@@ -2,7 +2,9 @@
 
 The YAML files under ``verl/trainer/config`` hold every default; these frozen dataclasses have none. Build the whole
 config with :func:`compose_ppo_config` (what ``main_ppo`` does: :func:`compose_with_defaults`, then
-:meth:`PPOConfig.from_omegaconf` with the file's defaults) and one section with :func:`load_section`.
+:meth:`PPOConfig.from_omegaconf` with the file's defaults) and one section with :func:`load_section`. What follows
+from a validated config (sizes, roles, log-prob passes, device, optimizers) is its :class:`RunPlan`
+(:func:`build_run_plan`); the config itself is never changed.
 """
 
 from verl.workers.config.algorithm import FilterGroupsConfig, OverlongBufferConfig
@@ -14,6 +16,7 @@ from verl.workers.config.loading import (
     load_section,
 )
 from verl.workers.config.optim import LossScaleConfig, OptimConfig
+from verl.workers.config.plan import RunPlan, build_run_plan, resolve_device
 from verl.workers.config.ppo import (
     ActorRolloutRefConfig,
     AlgorithmConfig,
@@ -79,12 +82,15 @@ __all__ = [
     "RefConfig",
     "RewardModelConfig",
     "RolloutConfig",
+    "RunPlan",
     "TrainedModelConfig",
     "TrainerConfig",
     "ValKwargsConfig",
     "build_config",
+    "build_run_plan",
     "compose_omegaconf",
     "compose_ppo_config",
     "compose_with_defaults",
     "load_section",
+    "resolve_device",
 ]

@@ -10,6 +10,7 @@ few keys changed. :class:`FilterGroupsConfig` is ``algorithm.filter_groups``, DA
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from verl.workers.config.schema import BaseConfig, FieldError, build_config, check_int, check_number
@@ -34,8 +35,9 @@ class KLControlConfig(BaseConfig):
 class RolloutCorrectionConfig(BaseConfig):
     """``algorithm.rollout_correction``: importance weights and rejection for the rollout/trainer mismatch.
 
-    ``rollout_rs`` is stored in its canonical form: criteria comma separated, each once, this project's earlier
-    names ``token`` / ``sequence`` replaced by the verl options they equal (``token_k1`` / ``seq_sum_k1``).
+    ``rollout_rs`` is built in its canonical form (:meth:`from_shorthand`, from the YAML and the presets): criteria
+    comma separated, each once, this project's earlier names ``token`` / ``sequence`` replaced by the verl options
+    they equal (``token_k1`` / ``seq_sum_k1``). Readers parse it again, so a hand-built section may spell it freely.
     """
 
     KEY: ClassVar[str] = "algorithm.rollout_correction"
@@ -48,8 +50,21 @@ class RolloutCorrectionConfig(BaseConfig):
     bypass_mode: bool
     loss_type: Literal["ppo_clip", "reinforce"]
 
+    @classmethod
+    def from_shorthand(cls, value: Any, key: str) -> Any:
+        """``rollout_rs`` in its canonical form while the section is built (a spelling that does not parse is left
+        as written, for :meth:`check` to name)."""
+        from verl.algorithms.rollout_corr_thresholds import parse_rs_options
+
+        if not isinstance(value, Mapping) or not isinstance(value.get("rollout_rs"), str):
+            return value
+        try:
+            return {**value, "rollout_rs": ",".join(parse_rs_options(value["rollout_rs"]))}
+        except ValueError:
+            return value
+
     def check(self) -> None:
-        from verl.trainer.ppo.rollout_corr_thresholds import (
+        from verl.algorithms.rollout_corr_thresholds import (
             parse_is_threshold,
             parse_rs_options,
             parse_rs_thresholds,
@@ -64,7 +79,6 @@ class RolloutCorrectionConfig(BaseConfig):
                 options = parse_rs_options(self.rollout_rs)
             except ValueError as err:
                 raise FieldError("rollout_rs", f"={self.rollout_rs!r}: {err}") from None
-            object.__setattr__(self, "rollout_rs", ",".join(options))
             try:
                 parse_rs_thresholds(options, self.rollout_rs_threshold)
             except (TypeError, ValueError) as err:

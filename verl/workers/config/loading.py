@@ -8,31 +8,36 @@ Composition leaves Hydra's global state as it found it, also when the caller has
 :func:`compose_ppo_config` composes and validates; :func:`compose_omegaconf` gives the composed config alone;
 :func:`load_section` gives one validated section (``actor_rollout_ref.actor``, ``critic``...) of the defaults with
 some keys changed, for code that builds one model without a whole run. :func:`plain_values` and :func:`default_at`
-read a composed config for validation.
+(:mod:`verl.workers.config.values`, importable from here too) read a composed config for validation.
 
 The embedded layer: when the composed config leaves ``actor_rollout_ref.model.path`` at ``"default"`` (the embedded
 tiny model), composition selects ``embedded/tiny_grpo_fp16.yaml`` in the ``embedded@_global_`` slot of
 ``ppo_trainer.yaml``'s defaults list. It lands after ``ppo_trainer.yaml``'s own values (verl's defaults), before any
 file built on it and before the key=value overrides, so README's first command runs the tiny GRPO fp16 task while a
 verl script that names its model gets verl's defaults. The decision is made once per call, from the config with the
-caller's overrides, and applies to that file's defaults too.
+caller's overrides, and applies to that file's defaults too; it is logged (INFO, ``verl.workers.config.loading``)
+with the file it layered in. Hydra is driven through its public API only (:func:`_hydra_initialised_on`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import Container, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from verl.workers.config.schema import BaseConfig, build_config
+from verl.workers.config.values import default_at, plain_values  # noqa: F401  (their import path before values.py)
 
 if TYPE_CHECKING:
     from verl.workers.config.ppo import PPOConfig
+
+logger = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "trainer" / "config"
 # The defaults-list slot of ppo_trainer.yaml that the embedded layer fills, and the layer (embedded/<name>.yaml).
@@ -66,30 +71,29 @@ class ComposedConfig:
 
 @contextlib.contextmanager
 def _hydra_initialised_on(config_dir: Path) -> Iterator[None]:
-    """Hydra initialised on ``config_dir`` for the block; its global state afterwards exactly as before.
+    """Hydra initialised on ``config_dir`` for the block, through Hydra's public API only.
 
-    Hydra keeps its initialisation in process-wide singletons and refuses to initialise twice. A caller's own
-    initialisation (``@hydra.main``, ``initialize_config_dir``) lives in the same singletons, so ours must neither
-    clear it nor leave anything behind. ``initialize_config_dir`` only restores ``GlobalHydra`` (from a copy taken
-    before it raises for an initialised one), and leaves the version base and the job name set: the three are set
-    aside here, ours start fresh, and the caller's objects are put back afterwards, untouched.
+    Hydra allows one initialisation per process (``GlobalHydra``). A caller's own (``@hydra.main``,
+    ``initialize_config_dir``) is set aside with ``GlobalHydra.instance().clear()`` and put back afterwards with
+    ``GlobalHydra.instance().initialize``, together with the caller's version base, so that the caller keeps
+    composing from its own folder.
     """
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.singleton import Singleton
-    from hydra.core.utils import JobRuntime
     from hydra.version import VersionBase
 
-    owned = (GlobalHydra, VersionBase, JobRuntime)
-    instances = Singleton._instances  # Hydra's own backup (hydra.initialize.get_gh_backup) works on it too
-    saved = {cls: instances.pop(cls) for cls in owned if cls in instances}
+    global_hydra = GlobalHydra.instance()
+    callers = global_hydra.hydra if global_hydra.is_initialized() else None
+    version_base = VersionBase.instance().getbase() if callers is not None else None
+    global_hydra.clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             yield
     finally:
-        for cls in owned:
-            instances.pop(cls, None)
-        instances.update(saved)
+        GlobalHydra.instance().clear()
+        if callers is not None:
+            GlobalHydra.instance().initialize(callers)
+            VersionBase.instance().setbase(version_base)
 
 
 def _compose_files(config_dir: str | Path, config_name: str, override_lists: Sequence[Sequence[str]]) -> list:
@@ -107,6 +111,15 @@ def _compose_files(config_dir: str | Path, config_name: str, override_lists: Seq
         with _hydra_initialised_on(config_dir):
             first = compose(config_name=config_name, overrides=list(override_lists[0]), return_hydra_config=True)
             layer = _embedded_layer(first, override_lists[0])
+            if layer:
+                logger.info(
+                    "actor_rollout_ref.model.path=%s: layered %s in over %s.yaml (%s; ~%s removes it)",
+                    EMBEDDED_MODEL_PATH,
+                    f"embedded/{EMBEDDED_LAYER}.yaml",
+                    config_name,
+                    layer[0],
+                    EMBEDDED_LAYER_SLOT,
+                )
             configs = []
             for index, overrides in enumerate(override_lists):
                 if index == 0 and not layer:
@@ -195,37 +208,6 @@ def compose_ppo_config(
         ValueError: the config does not compose, or does not validate (as the command line's exit code 2).
     """
     return compose_with_defaults(overrides, config_name, config_dir).validate()
-
-
-def plain_values(config: Any) -> dict[str, Any]:
-    """A composed config (DictConfig or mapping) as plain resolved values, without Hydra's own section.
-
-    Raises:
-        ValueError: an interpolation does not resolve.
-    """
-    if isinstance(config, DictConfig):
-        try:
-            config = OmegaConf.to_container(config, resolve=True)
-        except OmegaConfBaseException as err:
-            raise ValueError(f"the config does not resolve: {err}") from None
-    return {key: value for key, value in dict(config).items() if key != "hydra"}
-
-
-def default_at(defaults: Any, key: str) -> Any:
-    """The plain, resolved value of the dotted ``key`` in ``defaults`` (a DictConfig or a nested mapping).
-
-    Raises:
-        ValueError: the value does not resolve.
-    """
-    if not isinstance(defaults, DictConfig):
-        for part in key.split("."):
-            defaults = defaults[part]
-        return defaults
-    try:
-        value = OmegaConf.select(defaults, key, throw_on_missing=True)  # resolves an interpolation at the key
-        return OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
-    except OmegaConfBaseException as err:
-        raise ValueError(f"the default of {key} does not resolve: {err}") from None
 
 
 def load_section(cls: type[BaseConfig], overrides: Mapping[str, Any] | None = None, config_name="ppo_trainer"):

@@ -168,7 +168,7 @@ def check_lora(config: Any) -> None:
             "layer's base weight and would skip its adapter; leave lm_head out of target_modules or set "
             "use_fused_kernels=false."
         )
-    from verl.utils.lora import check_lora_targets
+    from verl.models.lora_targets import check_lora_targets
 
     check_lora_targets(model, key=KEY)
 
@@ -197,7 +197,7 @@ def _check_critic_lora(config: Any) -> None:
         )
     if not critic.lora_rank:
         return
-    from verl.utils.lora import check_lora_targets
+    from verl.models.lora_targets import check_lora_targets
 
     check_lora_targets(critic, key=key)
 

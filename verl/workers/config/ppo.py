@@ -2,9 +2,11 @@
 
 :class:`PPOConfig` is built once from the composed YAML (:meth:`PPOConfig.from_omegaconf`), in the driver, before
 Ray starts; the workers receive it. Its ``check`` holds the rules that span sections (batch sizes that must split,
-a rollout that must fit the backend, a fire drill aimed at ranks that exist). The decisions that follow from the
-config (does the run need a reference model, a critic, a separate old-log-prob pass?) are methods here, so that
-trainer and workers ask the same question the same way.
+a rollout that must fit the backend, a fire drill aimed at ranks that exist), on the sizes a step really uses
+(:func:`~verl.workers.config.sizes.step_sizes`). The config is never changed after it is built. The decisions that
+follow from it (does the run need a reference model, a critic, a separate old-log-prob pass?) are properties here,
+the inputs of :func:`~verl.workers.config.plan.build_run_plan`, whose :class:`~verl.workers.config.plan.RunPlan` the
+rest of the package reads.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from verl.workers.config.schema import (
     check_one_of,
     refuse_unavailable,
 )
+from verl.workers.config.sizes import step_sizes
+from verl.workers.config.values import default_at, plain_values
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +145,7 @@ class AlgorithmConfig(BaseConfig):
     }
 
     def check(self) -> None:
-        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+        from verl.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY
 
         check_one_of(self, "adv_estimator", ADV_ESTIMATOR_REGISTRY.names(), "registered advantage estimators")
         missing = self.UNAVAILABLE_ESTIMATORS.get(self.adv_estimator)
@@ -193,7 +197,7 @@ class TrainerConfig(BaseConfig):
     default_local_dir: str
     resume_mode: Literal["auto", "disable", "resume_path"]
     resume_from_path: str | None
-    logger: list[str] | str
+    logger: list[str]
     project_name: str
     experiment_name: str
     plot: bool
@@ -210,6 +214,14 @@ class TrainerConfig(BaseConfig):
     max_critic_ckpt_to_keep: int | None
     use_legacy_worker_impl: Literal["auto", "enable", "disable"]
 
+    @classmethod
+    def from_shorthand(cls, value: Any, key: str) -> Any:
+        """verl's scripts say ``trainer.logger=console`` as often as a list: a single sink becomes a one-item list
+        while the section is built."""
+        if isinstance(value, Mapping) and isinstance(value.get("logger"), str):
+            return {**value, "logger": [value["logger"]]}
+        return value
+
     def check(self) -> None:
         from verl.utils.tracking import LOGGERS
 
@@ -225,8 +237,6 @@ class TrainerConfig(BaseConfig):
         check_number(self, "collective_timeout_s", 0.0, exclusive_min=True)
         check_number(self, "placement_timeout_s", 0.0, exclusive_min=True)
         check_int(self, "critic_warmup", 0)
-        if isinstance(self.logger, str):  # verl's scripts say trainer.logger=console as often as a list
-            object.__setattr__(self, "logger", [self.logger])
         unknown = [name for name in self.logger if name not in LOGGERS]
         if unknown:
             raise FieldError("logger", f"has unknown sink(s) {unknown}; use a list of {list(LOGGERS)}.")
@@ -313,8 +323,6 @@ class PPOConfig(BaseConfig):
             ValueError: any key missing, unknown, of the wrong type, out of range, or inconsistent with another; a
                 setting nothing reads.
         """
-        from verl.workers.config.loading import plain_values
-
         typed = build_config(cls, plain_values(config), "")
         if defaults is not None:
             typed._check_settings_apply(defaults)
@@ -342,7 +350,7 @@ class PPOConfig(BaseConfig):
                 )
 
     def check(self) -> None:
-        self._apply_async_sizes()
+        self._check_step_batch_size()
         actor = self.actor_rollout_ref.actor
         if self.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
             raise ValueError("actor_rollout_ref.rollout.name=hf needs a Hugging Face actor (strategy=dp); use naive.")
@@ -446,33 +454,20 @@ class PPOConfig(BaseConfig):
                 "actor_rollout_ref.rollout.calculate_log_probs=true."
             )
 
-    def _apply_async_sizes(self) -> None:
-        """verl's fully async sizes, in the keys the loader and the trainer read, with a rollout group of its own.
-
-        With ``async_training.require_batches`` a step (a local update) trains on ``require_batches`` x
-        ``actor.ppo_mini_batch_size`` prompts whatever ``data.train_batch_size`` says (verl's scripts set it to 0):
-        that becomes ``data.train_batch_size``. ``rollout.total_rollout_steps`` (prompts generated over the run)
-        becomes ``trainer.total_training_steps`` (that many prompts in local updates), ``rollout.total_epochs``
-        ``trainer.total_epochs``, and ``rollout.test_freq`` (validations every that many weight syncs)
-        ``trainer.test_freq`` (that many sync windows of steps).
-        """
-        group, rules = self.rollout, self.async_training
-        if self.separate_rollout:  # with the rollout in the actor workers nothing reads them (_check_settings_apply)
-            if rules.require_batches is not None:
-                size = rules.require_batches * self.actor_rollout_ref.actor.ppo_mini_batch_size
-                object.__setattr__(self.data, "train_batch_size", size)
-            if group.total_rollout_steps is not None and self.data.train_batch_size > 0:
-                steps = max(1, group.total_rollout_steps // self.data.train_batch_size)
-                object.__setattr__(self.trainer, "total_training_steps", steps)
-            if group.total_epochs is not None:
-                object.__setattr__(self.trainer, "total_epochs", group.total_epochs)
-            if group.test_freq is not None:
-                object.__setattr__(self.trainer, "test_freq", group.test_freq * rules.trigger_parameter_sync_step)
-        if self.data.train_batch_size < 1:
+    def _check_step_batch_size(self) -> None:
+        """A step needs at least one prompt: ``data.train_batch_size``, or verl's fully async size from
+        ``async_training.require_batches`` (:func:`~verl.workers.config.sizes.step_sizes`)."""
+        size = self._train_batch_size
+        if size < 1:
             raise ValueError(
-                f"data.train_batch_size={self.data.train_batch_size}: a step needs at least one prompt (0 is verl's "
-                "fully async setting, where async_training.require_batches sizes each local update)."
+                f"data.train_batch_size={size}: a step needs at least one prompt (0 is verl's fully async setting, "
+                "where async_training.require_batches sizes each local update, with hybrid_engine=false)."
             )
+
+    @property
+    def _train_batch_size(self) -> int:
+        """The prompts of one step as the run applies them (the plan's ``train_batch_size``)."""
+        return step_sizes(self).train_batch_size
 
     def _check_separate_rollout(self) -> None:
         """A rollout worker group of its own (``hybrid_engine=false``, one step off policy): a backend whose weights
@@ -500,9 +495,9 @@ class PPOConfig(BaseConfig):
                 "naive rollout stops between two tokens for new weights here (vLLM and hf finish each response with "
                 "the weights it started with); use rollout.name=naive, or partial_rollout=false."
             )
-        if self.data.train_batch_size % world:
+        if self._train_batch_size % world:
             raise ValueError(
-                f"data.train_batch_size={self.data.train_batch_size} must be a multiple of the {world} rollout "
+                f"data.train_batch_size={self._train_batch_size} must be a multiple of the {world} rollout "
                 "workers (rollout.nnodes x rollout.n_gpus_per_node), which split each batch's prompts."
             )
 
@@ -537,7 +532,7 @@ class PPOConfig(BaseConfig):
         x ``rollout.n`` split over the ranks, a micro-batch size wherever a pass has no token budget, and a set
         micro-batch size dividing the per-rank mini-batch (checked, as verl does, even with a token budget)."""
         world, n = self.trainer.world_size, self.actor_rollout_ref.rollout.n
-        train_bs = self.data.train_batch_size
+        train_bs = self._train_batch_size
         if train_bs % world:
             raise ValueError(
                 f"data.train_batch_size={train_bs} must be a multiple of the {world} data-parallel workers "
@@ -685,8 +680,6 @@ class PPOConfig(BaseConfig):
             for section in (self.async_training, self.rollout):
                 unused += [(f"{section.KEY}.{name}", value, fix) for name, value in section.to_dict().items()]
             unused.append(("data.gen_batch_size", self.data.gen_batch_size, fix))
-        from verl.workers.config.loading import default_at
-
         for key, value, fix in unused:
             if value != default_at(defaults, key):
                 raise ValueError(
@@ -729,7 +722,7 @@ class PPOConfig(BaseConfig):
             return True  # the KL penalty in the reward is computed from the old log-probs, before any update
         if correction.rollout_is is not None or correction.rollout_rs is not None:
             return True  # the importance weights pi_old / mu need pi_old before the update
-        one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self.data.train_batch_size
+        one_update = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size == self._train_batch_size
         return not one_update
 
     @property

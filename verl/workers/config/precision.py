@@ -46,6 +46,9 @@ from typing import Any, ClassVar, Literal
 
 from verl.workers.config.schema import BaseConfig
 
+# one backend, two names: fsdp is what verl's scripts say. Defined here, below roles.py, because both the role
+# sections and the FSDP precision check need it; roles.py re-exports it.
+FSDP_STRATEGIES = ("fsdp", "fsdp2")
 # verl's spellings of a precision (its PrecisionType names)
 VerlDType = Literal["fp32", "float32", "bf16", "bfloat16", "fp16", "float16"]
 VERL_DTYPES = typing.get_args(VerlDType)
@@ -202,8 +205,6 @@ def check_fsdp_precision(config: Any) -> None:
     Args:
         config: the :class:`~verl.workers.config.PPOConfig`.
     """
-    from verl.workers.config.roles import FSDP_STRATEGIES
-
     arr, critic = config.actor_rollout_ref, config.critic
     actor_dtype = f"{arr.actor.KEY}.dtype"
     if arr.actor.strategy in FSDP_STRATEGIES:

@@ -154,7 +154,7 @@ class RewardModelConfig(BaseConfig):
     reward_kwargs: Any
 
     def check(self) -> None:
-        from verl.workers.reward_manager import REWARD_MANAGER_REGISTRY
+        from verl.workers.config.registries import REWARD_MANAGER_REGISTRY
 
         check_one_of(self, "reward_manager", REWARD_MANAGER_REGISTRY.names(), "registered reward managers")
         self._check_reward_kwargs(REWARD_MANAGER_REGISTRY.get(self.reward_manager))

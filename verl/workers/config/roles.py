@@ -15,11 +15,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from verl.utils.micro_batching import MicroBatching
 from verl.workers.config.compat import ProfilerConfig, check_ulysses
 from verl.workers.config.lora import MegatronLoraConfig, check_lora_fields
 from verl.workers.config.megatron import MegatronConfig
 from verl.workers.config.optim import OptimConfig
-from verl.workers.config.precision import MixedPrecisionConfig, VerlDType
+from verl.workers.config.precision import (  # noqa: F401  (FSDP_STRATEGIES: re-exported, its old home)
+    FSDP_STRATEGIES,
+    MixedPrecisionConfig,
+    VerlDType,
+)
 from verl.workers.config.schema import (
     BaseConfig,
     FieldError,
@@ -41,19 +46,7 @@ KLType = Literal[
     "kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"
 ]
 STRATEGIES = typing.get_args(Strategy)
-FSDP_STRATEGIES = ("fsdp", "fsdp2")  # one backend, two names: fsdp is what verl's scripts say
 DTYPES = typing.get_args(DType)
-
-
-@dataclasses.dataclass(frozen=True)
-class MicroBatching:
-    """How a batch splits into micro-batches: ``size`` samples each, or (``use_dynamic_bsz``) as many samples as
-    fit ``max_token_len`` real tokens (see :func:`verl.utils.micro_batching.split_micro_batches`). Not a section
-    of the YAML: each section that has these three settings hands them over as one."""
-
-    size: int | None  # None only with use_dynamic_bsz (PPOConfig refuses it otherwise)
-    use_dynamic_bsz: bool
-    max_token_len: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,7 +322,7 @@ class PolicyLossConfig(BaseConfig):
         return value
 
     def check(self) -> None:
-        from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+        from verl.algorithms.core_algos import POLICY_LOSS_REGISTRY
 
         check_one_of(self, "loss_mode", POLICY_LOSS_REGISTRY.names(), "registered policy losses")
         check_number(self, "clip_cov_ratio", 0.0, 1.0, exclusive_min=True)

@@ -3,7 +3,9 @@
 The sampling options have one set of rules, :func:`check_sampling_options`, applied wherever they are set: the
 rollout section, validation's ``val_kwargs``, and :class:`SamplingParams`, the options a rollout samples one call
 with (the section's values with a prompt batch's ``meta_info`` overrides applied). None of them has a default: the
-YAML holds every one.
+YAML holds every one. :func:`register_rollout`, :func:`get_rollout_cls` and :func:`list_rollouts` work on
+:data:`~verl.workers.config.registries.ROLLOUT_REGISTRY`, which this section's check of ``name`` and the engines
+share.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
+from verl.workers.config.registries import ROLLOUT_REGISTRY
 from verl.workers.config.roles import MicroBatching
 from verl.workers.config.schema import (
     BaseConfig,
@@ -24,6 +27,29 @@ from verl.workers.config.schema import (
 )
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout"
+
+
+def register_rollout(name: str):
+    """Class decorator that registers a :class:`~verl.workers.rollout.BaseRollout` subclass under ``name``.
+
+    Registering the same class twice is a no-op; a different class under a taken name raises ``ValueError``.
+    """
+    return ROLLOUT_REGISTRY.register(name)
+
+
+def get_rollout_cls(name: str) -> type:
+    """The rollout class registered under ``name``.
+
+    Raises:
+        ValueError: the name is not registered; the message lists the registered names.
+    """
+    return ROLLOUT_REGISTRY.get(name)
+
+
+def list_rollouts() -> list[str]:
+    """The registered rollout names (built-in and user-registered), sorted."""
+    return ROLLOUT_REGISTRY.names()
+
 
 # The keys a prompt batch's meta_info may override for one call; the rest is fixed when the rollout is built.
 OVERRIDABLE_KEYS = ("n", "temperature", "top_k", "top_p", "do_sample")
@@ -274,8 +300,6 @@ class RolloutConfig(BaseConfig):
     checkpoint_engine: CheckpointEngineConfig
 
     def check(self) -> None:
-        from verl.workers.rollout import ROLLOUT_REGISTRY
-
         if self.name in OUT_OF_SCOPE_ROLLOUTS:
             raise FieldError("name", f"={self.name}: {OUT_OF_SCOPE_ROLLOUTS[self.name]}. Use name=vllm or naive.")
         check_one_of(self, "name", ROLLOUT_REGISTRY.names(), "registered rollouts")

@@ -17,12 +17,13 @@ from abc import abstractmethod
 
 import torch
 
+from verl.algorithms.core_algos import compute_value_loss
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import compute_value_loss
 from verl.utils.micro_batching import split_by_length
 from verl.utils.padding_free import pad_response_columns, trim_padding_columns
 from verl.utils.torch_functional import masked_mean
 from verl.workers.actor.update_loop import UpdateLoop
+from verl.workers.update_outcome import UpdateResult
 
 # The value head's initial weight is small and seeded: the first values are near zero and runs reproducible.
 DEFAULT_HEAD_INIT_STD = 1e-3
@@ -149,15 +150,17 @@ class BasePPOCritic(UpdateLoop):
     def _update_temperature(self, data: DataProto) -> None:
         return None  # values do not depend on a sampling temperature
 
-    def update_critic(self, data: DataProto) -> dict[str, float]:
-        """Train the value model on ``data`` (rows of this rank); returns the step's ``critic/...`` metrics.
+    def update_critic(self, data: DataProto) -> UpdateResult:
+        """Train the value model on ``data`` (rows of this rank): one training step.
 
         Args:
             data: rows with :data:`CRITIC_UPDATE_KEYS`: the sequence tensors (B, P+R), ``responses``,
                 ``response_mask``, the old ``values`` and the ``returns`` (B, R).
 
         Returns:
-            Metrics reduced over the step's updates (value loss, clip fraction, handler counters, grad norm, lr).
+            The step's result: its outcomes, the run's counts of attempted and failed updates, and in ``metrics``
+            the ``critic/...`` metrics reduced over its updates (value loss, clip fraction, handler counters, grad
+            norm, lr).
 
         Raises:
             UpdateFailedError: when the critic's update-failure policy stops the run.

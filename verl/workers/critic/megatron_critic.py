@@ -5,7 +5,7 @@ The model is the actor's GPTModel (same builder, same Hugging Face weights); aft
 ``Linear(hidden, 1)`` with the call signature GPTModel uses for its output layer, so the model's forward returns
 (B, S, 1) values where it returned logits. Training runs the torch.optim adapter
 (:class:`~verl.utils.amp_optimizer.AmpOptimizer`, fp32 master weights under autocast) under the shared critic loop
-and step contract, on the CPU path of :class:`~verl.workers.actor.backend.MegatronBackend`, on CPU and on GPUs.
+and step contract, on the adapter backends of :mod:`verl.workers.actor.megatron_backend`, on CPU and on GPUs.
 
 LoRA (``critic.model.lora.rank > 0``, verl's megatron form): adapters on the backbone's linear layers as the megatron
 actor gets them (:mod:`verl.models.mcore.lora`), the backbone frozen, the value head trained whole.
@@ -36,7 +36,7 @@ from verl.models.mcore import build_gpt_model, forward_logits, load_hf_weights_i
 from verl.models.mcore.model import batch_gpt_inputs
 from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage, stage_forward
 from verl.utils.amp_optimizer import build_amp_optimizer
-from verl.workers.actor.backend import MegatronBackend
+from verl.workers.actor.megatron_backend import megatron_backend
 from verl.workers.actor.megatron_builder import adapter_groups, add_megatron_lora, pipeline_stage_note
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import CriticConfig
@@ -93,7 +93,7 @@ def attach_value_head(model: torch.nn.Module, *, head_init_std: float = DEFAULT_
 
 class MegatronPPOCritic(BasePPOCritic):
     """PPO critic over a megatron-core GPTModel with a value head (see :func:`attach_value_head`), on the CPU path
-    of :class:`~verl.workers.actor.backend.MegatronBackend` (the adapter optimizer, on any device).
+    of :mod:`verl.workers.actor.megatron_backend` (the adapter optimizer, on any device).
 
     Args:
         config: the ``critic`` config.
@@ -107,8 +107,10 @@ class MegatronPPOCritic(BasePPOCritic):
         self, config: CriticConfig, model: torch.nn.Module, optimizer: Any, lr_scheduler: Any = None, **loop_parts
     ):
         self.model = model
-        super().__init__(config, optimizer, lr_scheduler, backend=MegatronBackend(model), **loop_parts)
         self.stage = PipelineStage.of_model(model)  # this rank's pipeline stage (None: the whole model is here)
+        # the adapter over pipeline stages or the plain adapter, chosen here once (no megatron-core schedule yet)
+        backend = megatron_backend(model, use_megatron_schedule=False, stage=self.stage, run_stage=self.run_stage)
+        super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
 
     def model_module(self) -> torch.nn.Module:
         return self.backend.module()
@@ -175,27 +177,7 @@ def build_megatron_critic(
     megatron.training_path(device.type, key, has_megatron_optimizer_path=False)
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     megatron.check_fits(hf_config, key)
-    overrides = megatron.transformer_overrides(device.type)
-    if overrides.get("sequence_parallel"):
-        logger.info("%s.sequence_parallel: the critic runs without it (its value head takes whole sequences)", key)
-    overrides["sequence_parallel"] = False
-    model = build_gpt_model(
-        hf_config,
-        torch.float32,
-        device,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        seed=megatron.seed,
-        **overrides,
-    )
-    if megatron.use_dist_checkpointing:
-        from verl.models.mcore.dist_checkpoint import load_dist_checkpoint
-
-        # the LM's checkpoint: its head is skipped, the value head below replaces it
-        path, prefix = megatron.dist_checkpointing_path, megatron.dist_checkpointing_prefix
-        load_dist_checkpoint(model, path, prefix=prefix, is_value_model=True)
-    elif hf_state_dict is not None:
-        load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
+    model = _build_value_model(hf_config, hf_state_dict, critic_config, device)
     lora = critic_config.model.lora
     lora_note = add_megatron_lora(model, lora, seed=megatron.seed) if lora.rank else ""  # the backbone frozen
     attach_value_head(model, seed=critic_config.seed)  # trained whole, with or without LoRA
@@ -216,3 +198,34 @@ def build_megatron_critic(
     critic.training_path += lora_note
     logger.info("megatron critic: %s", critic.training_path)
     return critic
+
+
+def _build_value_model(
+    hf_config: Any, hf_state_dict: dict[str, torch.Tensor] | None, critic_config: CriticConfig, device: torch.device
+) -> torch.nn.Module:
+    """The critic's fp32 GPTModel (no sequence parallelism) with the LM's initial weights (a distributed
+    checkpoint, else ``hf_state_dict`` when given), before its value head is attached."""
+    megatron = critic_config.megatron
+    key = f"{CriticConfig.KEY}.megatron"
+    overrides = megatron.transformer_overrides(device.type)
+    if overrides.get("sequence_parallel"):
+        logger.info("%s.sequence_parallel: the critic runs without it (its value head takes whole sequences)", key)
+    overrides["sequence_parallel"] = False
+    model = build_gpt_model(
+        hf_config,
+        torch.float32,
+        device,
+        tensor_model_parallel_size=megatron.tensor_model_parallel_size,
+        pipeline_model_parallel_size=megatron.pipeline_model_parallel_size,
+        seed=megatron.seed,
+        **overrides,
+    )
+    if megatron.use_dist_checkpointing:
+        from verl.models.mcore.dist_checkpoint import load_dist_checkpoint
+
+        # the LM's checkpoint: its head is skipped, the value head replaces it
+        path, prefix = megatron.dist_checkpointing_path, megatron.dist_checkpointing_prefix
+        load_dist_checkpoint(model, path, prefix=prefix, is_value_model=True)
+    elif hf_state_dict is not None:
+        load_hf_weights_into_mcore(model, hf_state_dict, hf_config)
+    return model

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from verl.utils.registry import Registry
+from verl.workers.config.registries import REWARD_MANAGER_REGISTRY
 
 __all__ = [
     "REWARD_MANAGER_REGISTRY",
@@ -41,7 +41,7 @@ __all__ = [
     "register_reward_manager",
 ]
 
-REWARD_MANAGER_REGISTRY: Registry[type] = Registry("reward manager", config_key="reward_model.reward_manager")
+# defined below the config that checks reward_model.reward_manager (which imports nothing from this package)
 
 # verl's prefixes for custom_reward_function.path: an importable module, or an explicit file path
 _PKG_PREFIX = "pkg://"
@@ -141,6 +141,52 @@ def load_custom_score_fn(spec: str) -> Callable[..., Any]:
     return function
 
 
+def _import_reward_module(location: str, name: str) -> ModuleType:
+    """Import the module ``custom_reward_function.path`` names: ``pkg://`` an installed module, else a file.
+
+    Raises:
+        ValueError: a missing file, or a module whose import fails (the error's type and message are kept).
+    """
+    try:
+        if location.startswith(_PKG_PREFIX):
+            return importlib.import_module(location[len(_PKG_PREFIX) :].replace("/", "."))
+        file_path = Path(location.removeprefix(_FILE_PREFIX))
+        if not file_path.is_file():
+            raise ValueError(
+                f"custom_reward_function.path={location!r}: file {str(file_path)!r} does not exist (relative "
+                f"paths start at {os.getcwd()!r}); give the path of the Python file that defines {name!r}."
+            )
+        return _exec_file_module(file_path)
+    except ValueError:
+        raise
+    except Exception as err:
+        raise ValueError(
+            f"custom_reward_function.path={location!r}: loading the module failed ({type(err).__name__}: {err}). "
+            "Fix the error in that file, or point the path at another one."
+        ) from err
+
+
+def _reward_function_from(module: ModuleType, location: str, name: str) -> Callable[..., Any]:
+    """The callable ``name`` of ``module`` (loaded from ``location``).
+
+    Raises:
+        ValueError: ``name`` is not defined there (the message lists the module's public callables), or is not
+            callable.
+    """
+    if not hasattr(module, name):
+        raise ValueError(
+            f"custom_reward_function.name={name!r} is not defined in custom_reward_function.path={location!r}; "
+            f"its public callables are {_callable_names(module)}."
+        )
+    function = getattr(module, name)
+    if not callable(function):
+        raise ValueError(
+            f"custom_reward_function.name={name!r} in {location!r} is a {type(function).__name__}, not a function; "
+            "point it at a function (data_source, solution_str, ground_truth, extra_info=None) -> float."
+        )
+    return function
+
+
 def load_custom_reward_function(
     path: str | os.PathLike, name: str, reward_kwargs: Mapping[str, Any] | None = None
 ) -> Callable[..., Any]:
@@ -175,35 +221,7 @@ def load_custom_reward_function(
             f"custom_reward_function.path={str(path)!r}."
         )
     location = str(path).strip()
-    try:
-        if location.startswith(_PKG_PREFIX):
-            module = importlib.import_module(location[len(_PKG_PREFIX) :].replace("/", "."))
-        else:
-            file_path = Path(location.removeprefix(_FILE_PREFIX))
-            if not file_path.is_file():
-                raise ValueError(
-                    f"custom_reward_function.path={location!r}: file {str(file_path)!r} does not exist (relative "
-                    f"paths start at {os.getcwd()!r}); give the path of the Python file that defines {name!r}."
-                )
-            module = _exec_file_module(file_path)
-    except ValueError:
-        raise
-    except Exception as err:
-        raise ValueError(
-            f"custom_reward_function.path={location!r}: loading the module failed ({type(err).__name__}: {err}). "
-            "Fix the error in that file, or point the path at another one."
-        ) from err
-    if not hasattr(module, name):
-        raise ValueError(
-            f"custom_reward_function.name={name!r} is not defined in custom_reward_function.path={location!r}; "
-            f"its public callables are {_callable_names(module)}."
-        )
-    function = getattr(module, name)
-    if not callable(function):
-        raise ValueError(
-            f"custom_reward_function.name={name!r} in {location!r} is a {type(function).__name__}, not a function; "
-            "point it at a function (data_source, solution_str, ground_truth, extra_info=None) -> float."
-        )
+    function = _reward_function_from(_import_reward_module(location, name), location, name)
     extra = dict(reward_kwargs or {})
     if not extra:
         return function

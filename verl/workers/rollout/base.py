@@ -1,8 +1,9 @@
-"""The rollout registry, the rollout base class and the validated sampling options every rollout shares.
+"""The rollout base class, with the rollout registry and the validated sampling options every rollout shares.
 
 A rollout turns a batch of left-padded prompts into sampled responses laid out as the shared data contract says
 (``prompts``, ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``). Rollouts are
-chosen by name through ``actor_rollout_ref.rollout.name`` and looked up in :data:`ROLLOUT_REGISTRY`. The sampling
+chosen by name through ``actor_rollout_ref.rollout.name`` and looked up in :data:`ROLLOUT_REGISTRY` (defined in
+:mod:`verl.workers.config.registries`, below both the config check and the engines, and re-exported here). The sampling
 options (``n``, ``temperature``, ``top_k``, ``top_p``, ``response_length``, ``do_sample``, ``seed``) are read from
 the rollout config once, validated by the rules the config itself is validated by
 (:class:`~verl.workers.config.rollout.SamplingParams`, re-exported here), and may be overridden per call through a
@@ -23,8 +24,15 @@ from omegaconf import DictConfig
 
 from verl.protocol import DataProto
 from verl.utils.padding_free import real_column_span
-from verl.utils.registry import Registry
-from verl.workers.config.rollout import OVERRIDABLE_KEYS, ROLLOUT_KEY, SamplingParams
+from verl.workers.config.registries import ROLLOUT_REGISTRY
+from verl.workers.config.rollout import (  # noqa: F401  (the registry's public names, re-exported here)
+    OVERRIDABLE_KEYS,
+    ROLLOUT_KEY,
+    SamplingParams,
+    get_rollout_cls,
+    list_rollouts,
+    register_rollout,
+)
 from verl.workers.rollout.partial import WEIGHT_VERSION_KEY, WeightSwitch, continue_paused
 from verl.workers.rollout.postprocess import as_eos_ids, build_rollout_output, check_prompts
 
@@ -38,31 +46,7 @@ __all__ = [
     "register_rollout",
 ]
 
-ROLLOUT_REGISTRY: Registry[type[BaseRollout]] = Registry("rollout", config_key="actor_rollout_ref.rollout.name")
-
 _CONFIG_PREFIX = ROLLOUT_KEY
-
-
-def register_rollout(name: str):
-    """Class decorator that registers a :class:`BaseRollout` subclass under ``name``.
-
-    Registering the same class twice is a no-op; a different class under a taken name raises ``ValueError``.
-    """
-    return ROLLOUT_REGISTRY.register(name)
-
-
-def get_rollout_cls(name: str) -> type[BaseRollout]:
-    """The rollout class registered under ``name``.
-
-    Raises:
-        ValueError: the name is not registered; the message lists the registered names.
-    """
-    return ROLLOUT_REGISTRY.get(name)
-
-
-def list_rollouts() -> list[str]:
-    """The registered rollout names, sorted."""
-    return ROLLOUT_REGISTRY.names()
 
 
 class BaseRollout(ABC):
@@ -127,28 +111,9 @@ class BaseRollout(ABC):
         # prompts are left-padded to data.max_prompt_length: the columns that are padding in every row go
         start = min(real_column_span(attention_mask)[0], input_ids.shape[1] - 1)
         input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
-        switch = self.weight_switch
-        first_version = switch.apply_staged() if switch is not None else None  # the newest weights, before a token
-        generated = self._generate_tokens(input_ids, attention_mask, params)
-        responses, log_probs = generated if isinstance(generated, tuple) else (generated, None)
-        versions = None
-        if switch is not None and log_probs is not None:
-
-            def generate_more(ids: torch.Tensor, mask: torch.Tensor, budget: int):
-                return self._generate_tokens(ids, mask, params.replace(n=1, response_length=budget))
-
-            responses, log_probs, versions = continue_paused(
-                generate_more,
-                input_ids,
-                attention_mask,
-                responses,
-                log_probs,
-                params.response_length,
-                self.stop_ids,
-                switch,
-                first_version,
-                self.pad_token_id,
-            )
+        responses, log_probs, versions, first_version = self._generate_across_switches(
+            input_ids, attention_mask, params
+        )
         output = build_rollout_output(
             repeated,
             responses,
@@ -163,6 +128,42 @@ class BaseRollout(ABC):
             last = versions[:, -1:] if versions.shape[1] else versions.new_full((len(output), 1), first_version)
             output.batch[WEIGHT_VERSION_KEY] = torch.cat([versions, last.expand(-1, missing)], dim=-1)
         return output
+
+    def _generate_across_switches(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int | None]:
+        """Generate the responses of the (repeated, trimmed) prompts, continuing across staged weight switches.
+
+        Without a :class:`WeightSwitch` (or without log-probs) this is one :meth:`_generate_tokens` call. With one,
+        the newest staged weights are applied before the first token, and generation pauses at every later switch
+        and resumes under the new weights (:func:`continue_paused`), recording which weights produced each token.
+
+        Returns:
+            ``(responses (N, <=R), log_probs (N, <=R) or None, versions (N, <=R) or None, first_version)``.
+        """
+        switch = self.weight_switch
+        first_version = switch.apply_staged() if switch is not None else None  # the newest weights, before a token
+        generated = self._generate_tokens(input_ids, attention_mask, params)
+        responses, log_probs = generated if isinstance(generated, tuple) else (generated, None)
+        if switch is None or log_probs is None:
+            return responses, log_probs, None, first_version
+
+        def generate_more(ids: torch.Tensor, mask: torch.Tensor, budget: int):
+            return self._generate_tokens(ids, mask, params.replace(n=1, response_length=budget))
+
+        responses, log_probs, versions = continue_paused(
+            generate_more,
+            input_ids,
+            attention_mask,
+            responses,
+            log_probs,
+            params.response_length,
+            self.stop_ids,
+            switch,
+            first_version,
+            self.pad_token_id,
+        )
+        return responses, log_probs, versions, first_version
 
     @abstractmethod
     def _generate_tokens(

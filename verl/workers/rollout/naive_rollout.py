@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
+from verl.models.decoding import IncrementalDecoder, LogitsFn, RecomputeDecoder
 from verl.workers.rollout.base import BaseRollout, SamplingParams, register_rollout
-from verl.workers.rollout.decoding import IncrementalDecoder, LogitsFn, RecomputeDecoder
 from verl.workers.rollout.postprocess import compute_position_ids, is_eos
 from verl.workers.rollout.sampling import sample_with_log_probs
 

@@ -1,0 +1,19 @@
+"""The run plan in a checkpoint: ``run_plan.json`` written beside ``trainer_state.pt``, read back as plain values."""
+
+import json
+
+from verl.trainer.ppo.trainer_checkpoints import RUN_PLAN_FILE, read_run_plan, write_run_plan
+from verl.workers.config import build_run_plan, compose_ppo_config
+
+
+def test_run_plan_json_reads_back_the_plan_values(tmp_path):
+    # 100 prompts in steps of 16 -> 6 steps an epoch, x 2 epochs = 12 steps; a KL loss needs the reference
+    config = compose_ppo_config(["trainer.total_epochs=2", "actor_rollout_ref.actor.use_kl_loss=true"])
+    path = write_run_plan(tmp_path, build_run_plan(config, num_train_prompts=100))
+    assert path == tmp_path / RUN_PLAN_FILE
+    values = read_run_plan(tmp_path)
+    assert values["total_training_steps"] == 12 and values["total_epochs"] == 2
+    assert values["train_batch_size"] == 16 and values["test_freq"] == 10
+    assert values["needs_reference"] is True and values["roles"] == ["actor", "rollout", "ref"]  # JSON: a list
+    assert values["device"] == "cpu" and values["megatron_optimizer"] == {}
+    assert json.loads(path.read_text()) == values  # plain JSON, for people and tools

@@ -1,0 +1,43 @@
+"""The run's worker groups as a named value, and the CPU thread split over every process a node holds."""
+
+import pytest
+
+from verl.trainer.ray_setup import WorkerGroups, processes_per_node, threads_per_process
+from verl.workers.config import compose_ppo_config
+
+REWARD_MODEL = ["reward_model.enable=true", "reward_model.model.path=unused", "reward_model.micro_batch_size_per_gpu=8"]
+
+
+def test_two_cores_over_actor_critic_and_reward_model_give_one_thread_each():
+    config = compose_ppo_config(["trainer.n_gpus_per_node=1", "algorithm.adv_estimator=gae", *REWARD_MODEL])
+    # actor 1 rank + critic 1 rank + reward model 1 rank = 3 processes; 2 cores // 3 = 0, raised to 1
+    assert processes_per_node(config) == 3
+    assert threads_per_process(2, processes_per_node(config)) == 1
+
+
+def test_eight_cores_over_two_actor_and_two_critic_ranks_give_two_threads_each():
+    config = compose_ppo_config(["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae"])
+    # 2 actor ranks + 2 critic ranks = 4 processes; 8 cores // 4 = 2 (the old split, over the actor's 2: 4)
+    assert processes_per_node(config) == 4
+    assert threads_per_process(8, processes_per_node(config)) == 2
+
+
+def test_a_rollout_group_of_its_own_counts_its_ranks_on_the_node():
+    config = compose_ppo_config(["trainer.n_gpus_per_node=2", "actor_rollout_ref.hybrid_engine=false"])
+    # 2 actor ranks + rollout.n_gpus_per_node (1) rollout rank = 3 processes; 7 cores // 3 = 2
+    assert processes_per_node(config) == 2 + config.rollout.n_gpus_per_node == 3
+    assert threads_per_process(7, 3) == 2
+
+
+@pytest.mark.parametrize("cores, processes, expected", [(1, 4, 1), (16, 3, 5), (4, 0, 4)])
+def test_threads_per_process_is_the_floor_of_the_share_and_at_least_one(cores, processes, expected):
+    # 1 // 4 = 0 -> 1; 16 // 3 = 5; no process counted is read as one
+    assert threads_per_process(cores, processes) == expected
+
+
+def test_worker_groups_name_what_exists_and_iterate_over_it_in_start_order():
+    groups = WorkerGroups(actor_rollout_ref="actor", reward_model="rm")
+    assert not groups.has_critic and groups.has_reward_model and not groups.has_rollout_group
+    assert list(groups) == ["actor", "rm"]
+    full = WorkerGroups("actor", "critic", "rm", "rollout")
+    assert full.has_critic and full.has_rollout_group and list(full) == ["actor", "critic", "rm", "rollout"]

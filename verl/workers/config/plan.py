@@ -1,0 +1,154 @@
+"""The run plan: every decision derived from the validated config, made once, logged, and saved with checkpoints.
+
+The typed config (:class:`~verl.workers.config.PPOConfig`) is what the user asked for, validated and never changed
+afterwards. What follows from it (the sizes a step really uses, which roles exist, which log-prob passes run, the
+device, the megatron optimizer each model trains with) is a :class:`RunPlan`, built by :func:`build_run_plan` before
+Ray starts, logged at start-up as one block, and written as ``run_plan.json`` into every checkpoint. Workers receive
+their own config section and the plan, never the whole config.
+
+When each value is known: the sizes and the decisions come from the config alone. The step count needs the number
+of training prompts, so the driver builds the plan once the data is loaded (``num_train_prompts``); without it,
+``total_training_steps`` is what the config says (None: the epochs decide). The device: ``trainer.device`` ``cpu``
+or ``cuda`` is taken as given; ``auto`` stays ``"auto"`` in the plan built before Ray (the megatron optimizer
+choices, which depend on it, are None then) and is resolved once, after Ray starts and the driver sees the
+cluster's GPUs, by :func:`resolve_device` (a ``dataclasses.replace`` of the plan). The plan that is logged, handed to
+the workers and saved is the resolved one.
+
+The sizes live one module down (:mod:`verl.workers.config.sizes`, re-exported here), where
+:class:`~verl.workers.config.PPOConfig` checks its cross-key rules on them without importing this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from verl.workers.config.sizes import StepSizes, num_training_steps, step_sizes
+
+__all__ = ["RunPlan", "StepSizes", "build_run_plan", "num_training_steps", "resolve_device", "step_sizes"]
+
+if TYPE_CHECKING:
+    from verl.workers.config.ppo import PPOConfig
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Decisions derived from the validated config.
+
+    Attributes:
+        device: where the workers train, resolved ("cuda" or "cpu"; ``trainer.device=auto`` resolved on the
+            driver's view of the cluster).
+        world_size: trainer ranks (``trainer.nnodes`` x ``trainer.n_gpus_per_node``).
+        train_batch_size: prompts per training step (verl's fully async ``require_batches`` x mini-batch when the
+            rollout has a group of its own; ``data.train_batch_size`` otherwise).
+        total_training_steps: ``trainer.total_training_steps`` as the run applies it (None: epochs decide).
+        total_epochs: epochs over the training data.
+        test_freq: validate every that many steps (-1: never).
+        roles: the roles this run builds, in order (``actor``, ``rollout``, ``ref``, ``critic``, ``reward_model``).
+        needs_reference: the actor workers build a frozen reference model.
+        needs_critic: a value model trains.
+        critic_strategy: the critic's backend (None without a critic).
+        computes_old_log_prob: a step runs the separate old-log-prob pass.
+        uses_rollout_log_probs_as_old: the rollout's log-probs serve as the old ones.
+        prox_log_prob_pass: the trainer computes the proximal log-probs (fully async with a rollout group).
+        separate_rollout: the rollout runs in a worker group of its own.
+        megatron_optimizer: per megatron-trained role, whether it trains on megatron-core's own optimizer
+            (``{"actor": True}``; None while the device is still ``auto``); empty without megatron.
+    """
+
+    device: str
+    world_size: int
+    train_batch_size: int
+    total_training_steps: int | None
+    total_epochs: int
+    test_freq: int
+    roles: tuple[str, ...]
+    needs_reference: bool
+    needs_critic: bool
+    critic_strategy: str | None
+    computes_old_log_prob: bool
+    uses_rollout_log_probs_as_old: bool
+    prox_log_prob_pass: bool
+    separate_rollout: bool
+    megatron_optimizer: dict[str, bool | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain values (what the log line and the checkpoint's ``run_plan.json`` hold)."""
+        return dataclasses.asdict(self)
+
+    def describe(self) -> str:
+        """The plan as indented ``key: value`` lines, for the start-up log."""
+        return "\n".join(f"  {key}: {value}" for key, value in self.to_dict().items())
+
+
+def build_run_plan(config: PPOConfig, *, num_train_prompts: int | None = None) -> RunPlan:
+    """The decisions derived from a validated ``config``; the config is only read.
+
+    Args:
+        config: the validated trainer config.
+        num_train_prompts: the training prompts, once the data is loaded: ``total_training_steps`` is then the
+            number of steps the run makes (:func:`num_training_steps`); None leaves it as configured.
+
+    Raises:
+        ValueError: a step needs more prompts than ``num_train_prompts``.
+    """
+    sizes = step_sizes(config)
+    steps = sizes.total_training_steps
+    if num_train_prompts is not None:
+        steps = num_training_steps(sizes, num_train_prompts)
+    device = config.trainer.device
+    return RunPlan(
+        device=device,
+        world_size=config.world_size,
+        train_batch_size=sizes.train_batch_size,
+        total_training_steps=steps,
+        total_epochs=sizes.total_epochs,
+        test_freq=sizes.test_freq,
+        roles=_roles(config),
+        needs_reference=config.needs_reference,
+        needs_critic=config.needs_critic,
+        critic_strategy=config.critic_strategy if config.needs_critic else None,
+        computes_old_log_prob=config.computes_old_log_prob,
+        uses_rollout_log_probs_as_old=config.uses_rollout_log_probs_as_old,
+        prox_log_prob_pass=config.prox_log_prob_pass,
+        separate_rollout=config.separate_rollout,
+        megatron_optimizer=_megatron_optimizers(config, device),
+    )
+
+
+def resolve_device(plan: RunPlan, config: PPOConfig, cluster_has_gpus: bool) -> RunPlan:
+    """``plan`` with ``trainer.device=auto`` resolved (``cuda`` when the cluster has GPUs, else ``cpu``), and the
+    megatron optimizer choices that depend on it; a plan whose device is already known is returned as it is.
+
+    Raises:
+        ValueError: a megatron setting that the resolved device cannot run (megatron-core's optimizer on CPU).
+    """
+    if plan.device != "auto":
+        return plan
+    device = "cuda" if cluster_has_gpus else "cpu"
+    return dataclasses.replace(plan, device=device, megatron_optimizer=_megatron_optimizers(config, device))
+
+
+def _roles(config: PPOConfig) -> tuple[str, ...]:
+    """The roles the run builds, in the order of :attr:`RunPlan.roles`."""
+    built = [("actor", True), ("rollout", True), ("ref", config.needs_reference), ("critic", config.needs_critic)]
+    built.append(("reward_model", config.reward_model.enable))
+    return tuple(name for name, on in built if on)
+
+
+def _megatron_optimizers(config: PPOConfig, device: str) -> dict[str, bool | None]:
+    """Per megatron-trained role, whether it trains on megatron-core's optimizer (``MegatronConfig.training_path``);
+    None for each while the device is ``auto``. The critic has no megatron-core optimizer path yet (False, or the
+    error that names the setting asking for one)."""
+    choices: dict[str, bool | None] = {}
+    actor = config.actor_rollout_ref.actor
+    if actor.strategy == "megatron":
+        key = "actor_rollout_ref.actor.megatron"
+        choices["actor"] = None if device == "auto" else actor.megatron.training_path(device, key)
+    if config.needs_critic and config.critic_strategy == "megatron":
+        megatron, key = config.critic.megatron, "critic.megatron"
+        choices["critic"] = (
+            None if device == "auto" else megatron.training_path(device, key, has_megatron_optimizer_path=False)
+        )
+    return choices

@@ -1,0 +1,26 @@
+"""The registries whose names the typed config checks: rollout engines and reward managers.
+
+Each registry lives here, below both the config section that checks a name (``actor_rollout_ref.rollout.name``,
+``reward_model.reward_manager``) and the implementations that register under it (:mod:`verl.workers.rollout`,
+:mod:`verl.workers.reward_manager`), so that neither side imports the other. A registry names the module of its
+built-in entries as a string and imports it on first use (:class:`~verl.utils.registry.Registry`'s ``builtins``):
+a name check therefore sees the built-ins and every name a user registered before it, without this package
+importing the implementations. The implementation packages re-export their registry under the names verl users
+know (``verl.workers.rollout.ROLLOUT_REGISTRY``, ``verl.workers.reward_manager.REWARD_MANAGER_REGISTRY``).
+"""
+
+from __future__ import annotations
+
+from verl.utils.registry import Registry
+
+__all__ = ["REWARD_MANAGER_REGISTRY", "ROLLOUT_REGISTRY"]
+
+# rollout name -> BaseRollout subclass (hf, naive and vllm are built in)
+ROLLOUT_REGISTRY: Registry[type] = Registry(
+    "rollout", config_key="actor_rollout_ref.rollout.name", builtins="verl.workers.rollout"
+)
+
+# reward manager name -> reward manager class (naive and dapo are built in)
+REWARD_MANAGER_REGISTRY: Registry[type] = Registry(
+    "reward manager", config_key="reward_model.reward_manager", builtins="verl.workers.reward_manager"
+)
