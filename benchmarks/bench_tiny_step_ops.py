@@ -57,7 +57,7 @@ def build_worker(num_steps: int, workdir: Path):
     model = bench_vs_trl.model_dir("tiny", workdir)
     overrides = bench_vs_trl.verl_overrides(args, model, data_file, workdir / "log")
     config = compose_ppo_config([o for o in overrides if not o.startswith(("trainer.", "ray_init."))])
-    worker = worker_classes("dp")[0](config, total_training_steps=num_steps + 1)
+    worker = worker_classes("dp")[0].from_config(config, total_training_steps=num_steps + 1)
     worker.init_model()
     return worker, build_data(config, world_size=1)
 

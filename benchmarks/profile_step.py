@@ -40,7 +40,7 @@ def build_worker(case_flags: list[str], num_steps: int, workdir: Path, extra: li
     model = case.write_model(workdir)
     overrides = bench_vs_trl.verl_overrides(case.run, model, data_file, workdir / "log")
     config = compose_ppo_config([o for o in overrides if not o.startswith(("trainer.", "ray_init."))] + extra)
-    worker = worker_classes("dp")[0](config, total_training_steps=num_steps + 1)
+    worker = worker_classes("dp")[0].from_config(config, total_training_steps=num_steps + 1)
     worker.init_model()
     return worker, build_data(config, world_size=1), case, model
 

@@ -19,6 +19,10 @@ def test_sphinx_build_with_warnings_as_errors(tmp_path):
     assert result.returncode == 0, f"sphinx-build failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     pages = (
         "index",
+        "architecture",
+        "advance/add_backend",
+        "advance/add_role",
+        "advance/add_rollout",
         "start/install",
         "start/quickstart",
         "start/examples",
@@ -36,7 +40,7 @@ def test_sphinx_build_with_warnings_as_errors(tmp_path):
     # autodoc imported every documented module and found its main public names
     autodoc = {
         "api/protocol": "verl.protocol.DataProto",
-        "api/core_algos": "verl.trainer.ppo.core_algos.compute_grpo_outcome_advantage",
+        "api/core_algos": "verl.algorithms.core_algos.compute_grpo_outcome_advantage",
         "api/torch_functional": "verl.utils.torch_functional.masked_mean",
         "api/actor": "verl.workers.actor.dp_actor.DataParallelPPOActor",
         "api/amp_optimizer": "verl.utils.amp_optimizer.AmpOptimizer",

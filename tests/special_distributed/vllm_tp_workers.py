@@ -116,7 +116,7 @@ def real_engine_scenario(rank: int, world: int, port: int, queue, model_dir: str
         )
         rollout_config = config.actor_rollout_ref.rollout
         offset = engine_index(rollout_config, rank)
-        engine = build_vllm_engine(config, seed=rollout_config.seed + offset, device="cuda")
+        engine = build_vllm_engine(config.actor_rollout_ref, seed=rollout_config.seed + offset, device="cuda")
         options = rollout_config.sampling_options(seed_offset=offset).replace(n=1, do_sample=False)
         rollout = VLLMRollout(engine, options, pad_token_id=0, eos_token_id=2)
         prompts = _rank_prompts(rank)

@@ -16,7 +16,7 @@ from verl.single_controller import CollectiveTimeoutError
 from verl.trainer import main_ppo
 from verl.trainer.preemption import Preempted, StopAtOnce, StopSignals
 from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
-from verl.workers.config import PPOConfig, compose_omegaconf
+from verl.workers.config import PPOConfig, build_run_plan, compose_omegaconf
 
 
 def typed(tmp_path, *overrides: str) -> PPOConfig:
@@ -37,7 +37,7 @@ def train(monkeypatch, config, outcomes, caplog):
     what each attempt found installed for SIGTERM)."""
     seen_handlers = []
 
-    def attempt(typed_config, data, num_steps, tracker, attempts):
+    def attempt(typed_config, data, plan, tracker, attempts):
         seen_handlers.append(signal.getsignal(signal.SIGTERM))
         outcome = outcomes.pop(0)
         if callable(outcome):
@@ -55,7 +55,7 @@ def train(monkeypatch, config, outcomes, caplog):
     previous = signal.getsignal(signal.SIGTERM)
     try:
         with caplog.at_level(logging.WARNING, logger="verl.trainer"):
-            code = main_ppo._train(config, data, 6, tracker=None, attempts=attempts)
+            code = main_ppo._train(config, data, build_run_plan(config), tracker=None, attempts=attempts)
     finally:
         attempts.stop_signals.restore()
         signal.signal(signal.SIGTERM, previous)
@@ -143,7 +143,7 @@ def test_a_second_signal_during_the_teardown_keeps_the_code_and_the_handlers_are
     config = typed(tmp_path)
     handlers_in_teardown = []
 
-    def preempted(typed_config, data, num_steps, tracker, attempts):
+    def preempted(typed_config, data, plan, tracker, attempts):
         attempts.stop_signals.install()
         attempts.stop_signals.requested = "SIGTERM"
         return main_ppo.EXIT_PREEMPTED  # step saved, workers stopped
@@ -152,7 +152,7 @@ def test_a_second_signal_during_the_teardown_keeps_the_code_and_the_handlers_are
         handlers_in_teardown.append(signal.getsignal(signal.SIGINT))
         raise StopAtOnce()
 
-    monkeypatch.setattr(main_ppo, "prepare", lambda c: (config, None, 6, None))
+    monkeypatch.setattr(main_ppo, "prepare", lambda c: (config, None, build_run_plan(config), None))
     monkeypatch.setattr("verl.utils.tracking.Tracking", lambda *args, **kwargs: None)
     monkeypatch.setattr(main_ppo, "_train", preempted)
     monkeypatch.setattr(main_ppo, "_teardown", teardown)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.workers.actor.conftest import megatron_world_of_one  # noqa: F401  (megatron-core's groups)
+from tests.workers.built import built_worker
 from verl.trainer.main_ppo import worker_classes
 from verl.workers.config import compose_ppo_config
 
@@ -25,7 +26,7 @@ def make_worker(strategy):
         config = compose_ppo_config(
             [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.actor.dtype=float32", *overrides]
         )
-        worker = worker_classes(strategy)[0](config, total_training_steps=4)
+        worker = built_worker(worker_classes(strategy)[0], config, 4)
         worker.init_model()
         return worker
 
@@ -43,8 +44,8 @@ def test_reference_uses_its_own_micro_batch_and_has_no_optimizer(make_worker):
     assert worker.ref.update_outcome_handler is None
     assert not any(p.requires_grad for p in worker.ref.model_module().parameters())
     # verl's keys: the old-log-prob pass reads actor_rollout_ref.rollout's micro-batch size, the reference its own
-    assert worker.config.actor_rollout_ref.ref.log_prob_micro_batching().size == 8
-    assert worker.config.actor_rollout_ref.rollout.log_prob_micro_batching().size == 16
+    assert worker.config.ref.log_prob_micro_batching().size == 8
+    assert worker.config.rollout.log_prob_micro_batching().size == 16
     # The per-rank config turns 16 prompts x 4 samples into 64 samples per mini-batch on the single rank.
     assert worker.actor.config.ppo_mini_batch_size == 64
 
@@ -60,7 +61,7 @@ def test_fp16_reference_log_probs_equal_the_untrained_actor(make_worker):
     from verl.trainer.data_setup import build_data
 
     worker = make_worker("actor_rollout_ref.actor.dtype=float16", "actor_rollout_ref.actor.use_kl_loss=true")
-    prompts = next(build_data(worker.config, 1).train_loader)
+    prompts = next(build_data(worker.run_config, 1).train_loader)
     samples = worker.generate_sequences(prompts)
     ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
     actor = worker.compute_log_prob(samples).batch["old_log_probs"]
@@ -73,7 +74,7 @@ def test_worker_log_probs_are_at_the_configured_temperature(make_worker):
     from verl.trainer.data_setup import build_data
 
     worker = make_worker("actor_rollout_ref.rollout.temperature=0.7")
-    samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+    samples = worker.generate_sequences(next(build_data(worker.run_config, 1).train_loader))
     assert samples.meta_info["temperature"] == 0.7
     samples.meta_info.pop("temperature")  # the worker does not depend on the caller passing it on
     got = worker.compute_log_prob(samples).batch["old_log_probs"]
@@ -97,10 +98,10 @@ def test_a_per_call_temperature_is_kept_for_the_log_probs_of_its_samples(make_wo
     from verl.trainer.data_setup import build_data
 
     worker = make_worker()
-    prompts = next(build_data(worker.config, 1).train_loader)
+    prompts = next(build_data(worker.run_config, 1).train_loader)
     prompts.meta_info["temperature"] = 0.7
     samples = worker.generate_sequences(prompts)
-    assert worker.config.actor_rollout_ref.rollout.temperature == 1.0 and samples.meta_info["temperature"] == 0.7
+    assert worker.config.rollout.temperature == 1.0 and samples.meta_info["temperature"] == 0.7
     at_07 = worker.compute_log_prob(samples).batch["old_log_probs"]
     samples.meta_info["temperature"] = 1.0
     at_one = worker.compute_log_prob(samples).batch["old_log_probs"]
@@ -118,7 +119,7 @@ def test_the_dp_models_run_their_cpu_linear_layers_on_onednn_unless_switched_off
 
     def build(role_class, *overrides):
         config = compose_ppo_config(["actor_rollout_ref.actor.dtype=float32", *overrides])
-        worker = role_class(config, total_training_steps=4)
+        worker = built_worker(role_class, config, 4)
         worker.init_model()
         return worker
 
@@ -144,7 +145,7 @@ def test_the_reference_compiles_as_ref_use_torch_compile_says(monkeypatch, actor
             f"actor_rollout_ref.ref.use_torch_compile={ref_compile}",
         ]
     )
-    worker = worker_classes("dp")[0](config, total_training_steps=4)
+    worker = built_worker(worker_classes("dp")[0], config, 4)
     worker.init_model()
     # verl's key of its own for the reference: set apart from the actor's, each model gets what its key says
     assert isinstance(worker.actor._call_module, dp_actor.CompiledModuleCall) == (actor_compile == "true")
@@ -177,7 +178,7 @@ def dp_critic_worker(*overrides: str):
             *overrides,
         ]
     )
-    critic = worker_classes("dp")[1](config, total_training_steps=4)
+    critic = built_worker(worker_classes("dp")[1], config, 4)
     critic.init_model()
     return critic
 
@@ -199,7 +200,7 @@ def test_the_passes_that_do_not_train_run_without_dropout_and_leave_the_actor_tr
         else "+actor_rollout_ref.actor.megatron.override_transformer_config.hidden_dropout=0.5"
     )
     worker = make_worker(dropout, "actor_rollout_ref.actor.use_kl_loss=true")
-    samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+    samples = worker.generate_sequences(next(build_data(worker.run_config, 1).train_loader))
     first = worker.compute_log_prob(samples).batch["old_log_probs"]
     again = worker.compute_log_prob(samples).batch["old_log_probs"]
     assert torch.equal(first, again)
@@ -212,9 +213,9 @@ def test_the_critics_values_run_without_dropout_and_leave_it_training():
     # as the actor's passes above: the values GAE reads are the critic's in eval mode, equal from pass to pass
     from verl.trainer.data_setup import build_data
 
-    actor = worker_classes("dp")[0](compose_ppo_config(["actor_rollout_ref.actor.strategy=dp"]), total_training_steps=4)
+    actor = built_worker(worker_classes("dp")[0], compose_ppo_config(["actor_rollout_ref.actor.strategy=dp"]), 4)
     actor.init_model()
-    samples = actor.generate_sequences(next(build_data(actor.config, 1).train_loader))
+    samples = actor.generate_sequences(next(build_data(actor.run_config, 1).train_loader))
     critic = dp_critic_worker("+critic.model.override_config.attention_dropout=0.5")
     first = critic.compute_values(samples).batch["values"]
     assert torch.equal(first, critic.compute_values(samples).batch["values"])
@@ -228,12 +229,10 @@ def test_the_worker_follows_the_run_plan_it_is_given():
 
     config = compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", "actor_rollout_ref.actor.use_kl_loss=true"])
     # built by hand: the plan comes from the config, with the step count given
-    assert worker_classes("dp")[0](config, total_training_steps=7).plan.total_training_steps == 7
-    plan = build_run_plan(config)
+    assert built_worker(worker_classes("dp")[0], config, 7).plan.total_training_steps == 7
+    plan = dataclasses.replace(build_run_plan(config), total_training_steps=4)
     assert plan.needs_reference  # the KL loss needs one
     # the driver's plan decides, not the config's properties: a plan without a reference builds none
-    worker = worker_classes("dp")[0](
-        config, total_training_steps=4, plan=dataclasses.replace(plan, needs_reference=False)
-    )
+    worker = worker_classes("dp")[0](config.actor_rollout_ref, dataclasses.replace(plan, needs_reference=False))
     worker.init_model()
     assert worker.ref is None

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.workers.actor.conftest import world_of_one  # noqa: F401  (FSDP2 needs a process group)
+from tests.workers.built import built_worker
 from verl.trainer.main_ppo import worker_classes
 from verl.workers.config import compose_ppo_config
 from verl.workers.fsdp_workers import FSDPActorRolloutRefWorker, FSDPCriticWorker
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("world_of_one")
 
 def make_worker(*overrides: str, role: int = 0):
     config = compose_ppo_config(["actor_rollout_ref.actor.strategy=fsdp", *overrides])
-    worker = worker_classes("fsdp")[role](config, total_training_steps=4)
+    worker = built_worker(worker_classes("fsdp")[role], config, 4)
     worker.init_model()
     return worker
 
@@ -39,7 +40,7 @@ def test_fp16_reference_equals_the_untrained_actor():
 
     worker = make_worker("actor_rollout_ref.actor.use_kl_loss=true")
     assert worker.ref.optimizer is None and not any(p.requires_grad for p in worker.ref.model_module().parameters())
-    prompts = next(build_data(worker.config, 1).train_loader)
+    prompts = next(build_data(worker.run_config, 1).train_loader)
     samples = worker.generate_sequences(prompts)
     ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
     actor = worker.compute_log_prob(samples).batch["old_log_probs"]
@@ -62,7 +63,7 @@ def test_the_rollout_agrees_on_stopping_over_the_actors_group(monkeypatch):
         return real_all_reduce(tensor, op=op, group=group)
 
     monkeypatch.setattr(naive_rollout.dist, "all_reduce", recording_all_reduce)
-    prompts = next(build_data(worker.config, 1).train_loader)
+    prompts = next(build_data(worker.run_config, 1).train_loader)
     samples = worker.generate_sequences(prompts)
     assert reductions, "the sampler never asked the other ranks whether they were done"
     assert all(op == naive_rollout.dist.ReduceOp.MIN and group is actor_group for op, group in reductions)
@@ -172,7 +173,7 @@ def test_an_fp16_kept_reference_gives_the_untrained_fp16_actors_log_probs_and_a_
 
     for model_dtype, equal in (("fp16", True), ("bf16", False)):
         worker = make_worker("actor_rollout_ref.actor.use_kl_loss=true", f"{REF_FSDP}.model_dtype={model_dtype}")
-        samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+        samples = worker.generate_sequences(next(build_data(worker.run_config, 1).train_loader))
         ref = worker.compute_ref_log_prob(samples).batch["ref_log_prob"]
         actor = worker.compute_log_prob(samples).batch["old_log_probs"]
         assert torch.equal(ref, actor) is equal, model_dtype
@@ -198,7 +199,7 @@ def test_mixed_precision_sets_the_dtypes_fsdp2_gathers_and_reduces_in(caplog):
     )
     from verl.trainer.data_setup import build_data
 
-    worker.compute_log_prob(worker.generate_sequences(next(build_data(worker.config, 1).train_loader)))
+    worker.compute_log_prob(worker.generate_sequences(next(build_data(worker.run_config, 1).train_loader)))
     handle.remove()
     assert seen and set(seen) == {torch.bfloat16}
     # FSDP2's own record, set at the first forward
@@ -271,7 +272,7 @@ def test_use_shm_loads_model_tokenizer_and_adapter_from_one_copy_per_node(shm_di
         f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}",
     )
     worker = make_worker(*overrides)
-    model = worker.config.actor_rollout_ref.model
+    model = worker.config.model
     copies = sorted(p.name for p in shm_dir.iterdir() if p.is_dir())
     # two copies (the model with its tokenizer, the adapter), both where the worker now reads them
     assert len(copies) == 2 and {Path(model.path).name, Path(model.lora_adapter_path).name} == set(copies)
@@ -288,7 +289,7 @@ def test_use_shm_loads_model_tokenizer_and_adapter_from_one_copy_per_node(shm_di
     # another worker in this process loads the same copy, not copied again (other processes: tests/utils/test_fs.py)
     inode = (Path(model.path) / "model.safetensors").stat().st_ino
     again = make_worker(*overrides)
-    assert again.config.actor_rollout_ref.model.path == model.path
+    assert again.config.model.path == model.path
     assert (Path(model.path) / "model.safetensors").stat().st_ino == inode
     fs.release_shm_copies()  # the process's end: no one else uses them, so they go (or their removers take them)
     deadline = time.monotonic() + 30

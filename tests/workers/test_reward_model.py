@@ -208,7 +208,7 @@ def test_the_worker_scores_as_the_scorer_does(tiny_rm, strategy):
             "trainer.device=cpu",
         ]
     )
-    worker = RewardModelWorker(config)
+    worker = RewardModelWorker.from_config(config)
     assert strategy in worker.init_model()
     batch = rollout_batch(PROMPTS, RESPONSES)
     expected = scorer(tiny_rm).compute_rm_score(batch).batch["rm_scores"]

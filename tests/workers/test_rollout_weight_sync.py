@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.workers.actor.conftest import megatron_world_of_one  # noqa: F401  (megatron-core's groups)
+from tests.workers.built import built_worker
 from verl.trainer.data_setup import build_data
 from verl.trainer.main_ppo import worker_classes
 from verl.workers.config import compose_ppo_config
@@ -60,7 +61,7 @@ def worker(request):
     if request.param == "megatron":
         request.getfixturevalue("megatron_world_of_one")
     config = compose_ppo_config([f"actor_rollout_ref.actor.strategy={request.param}", *SMALL])
-    built = worker_classes(request.param)[0](config, total_training_steps=4)
+    built = built_worker(worker_classes(request.param)[0], config, 4)
     built.init_model()
     built.rollout = RecordingRollout(built.rollout)
     return built
@@ -68,7 +69,7 @@ def worker(request):
 
 def update_batch(worker):
     """One step's batch: 4 prompts x 2 samples with old log-probs, advantages +1 / -1 on alternate rows."""
-    samples = worker.generate_sequences(next(build_data(worker.config, 1).train_loader))
+    samples = worker.generate_sequences(next(build_data(worker.run_config, 1).train_loader))
     samples.meta_info["temperature"] = 1.0
     samples = samples.union(worker.compute_log_prob(samples))
     mask = samples.batch["response_mask"].float()
@@ -80,11 +81,11 @@ def update_batch(worker):
 def hf_weights_of(worker) -> dict[str, torch.Tensor]:
     """The actor's weights under Hugging Face names, computed independently of the worker's sync path."""
     module = worker.actor.model_module()
-    if worker.config.actor_rollout_ref.actor.strategy == "megatron":
+    if worker.config.actor.strategy == "megatron":
         from verl.models.loading import load_hf_config
         from verl.models.mcore import export_mcore_to_hf
 
-        return export_mcore_to_hf(module, load_hf_config(worker.config.actor_rollout_ref.model.path))
+        return export_mcore_to_hf(module, load_hf_config(worker.config.model.path))
     return {name: tensor.clone() for name, tensor in module.state_dict().items()}
 
 
@@ -131,7 +132,7 @@ def test_a_rollout_with_weights_of_its_own_gets_the_actors_at_start_up(monkeypat
     build_rollout = cls._build_rollout
     monkeypatch.setattr(cls, "_build_rollout", lambda self: recording(build_rollout(self)))
     config = compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", *SMALL, "actor_rollout_ref.model.lora_rank=4"])
-    built = cls(config, total_training_steps=4)
+    built = built_worker(cls, config, 4)
     built.init_model()
     assert len(built.rollout.loads) == 1
     sent = built.rollout.loads[0]

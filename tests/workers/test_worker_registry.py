@@ -7,6 +7,7 @@ takes its own mode. The rollout group of its own exposes the rollout's methods, 
 
 import pytest
 
+from tests.workers.built import built_worker
 from verl.single_controller import Dispatch, register
 from verl.single_controller.decorator import RegisterSpec, registered_methods
 from verl.single_controller.ray_worker_group import RayWorkerGroup
@@ -100,7 +101,7 @@ def test_every_pass_goes_through_the_one_phase_hook(tmp_path):
             self.entered.append(name)
             return contextlib.nullcontext()
 
-    worker = Recording(compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", *SMALL]), total_training_steps=4)
+    worker = built_worker(Recording, compose_ppo_config(["actor_rollout_ref.actor.strategy=dp", *SMALL]), 4)
     worker.init_model()
     batch = update_batch(worker)  # generate_sequences, then compute_log_prob
     worker.update_actor(batch)

@@ -155,9 +155,10 @@ def build_worker_groups(config: PPOConfig, plan: RunPlan) -> WorkerGroups:
 
     ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks share one resource pool, so rank ``r`` of each group runs
     in the same bundle (same node, same GPU); the rollout group has a pool of its own (``rollout.nnodes`` x
-    ``rollout.n_gpus_per_node``, a device each). Every worker gets the config and the run ``plan`` (its device, the
-    passes a step runs, ``total_training_steps``, which sizes the LR schedules). On failure, whatever was started is
-    torn down first.
+    ``rollout.n_gpus_per_node``, a device each). Every worker gets its own config section and the run ``plan`` (its
+    device, the passes a step runs, ``total_training_steps``, which sizes the LR schedules), plus its role's profiler
+    settings (the worker class's ``init_kwargs``), never the whole config. On failure, whatever was started is torn
+    down first.
 
     Raises:
         PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
@@ -233,13 +234,15 @@ def _start_group(config: PPOConfig, plan: RunPlan, name_prefix: str, worker_cls,
     group is appended to ``started`` as soon as it exists, so that a failure can tear it down."""
     from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup
     from verl.utils.profiler import worker_runtime_env
+    from verl.workers.config.plan import role_profiler_settings
 
-    enabled = any(section.enable for _, section in config.profiler_sections().get(name_prefix, []))
     # tool nsys: the profiled groups' workers run under Nsight Systems
-    runtime_env = worker_runtime_env(config.global_profiler) if enabled else {}
+    profiled = role_profiler_settings(config, name_prefix).enabled
+    runtime_env = worker_runtime_env(config.global_profiler) if profiled else {}
     group = RayWorkerGroup(
         pool,
-        RayClassWithInitArgs(worker_cls, config, plan.total_training_steps, plan),
+        # the worker's own section, the plan and what it reads of other sections (never the whole config)
+        RayClassWithInitArgs(worker_cls, **worker_cls.init_kwargs(config, plan)),
         name_prefix=name_prefix,
         collective_timeout_s=timeout_s,
         runtime_env={**runtime_env, "env_vars": worker_env_vars(config.trainer)},

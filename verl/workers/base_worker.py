@@ -1,14 +1,16 @@
 """The Ray workers that own the models of one data-parallel rank: actor + rollout + reference, and critic.
 
 The driver calls their ``@register``'ed methods on the whole group; DataProto arguments are split across ranks and
-the results gathered (``Dispatch.DP_COMPUTE_PROTO``). Both receive the validated
-:class:`~verl.workers.config.PPOConfig` and the :class:`~verl.workers.config.plan.RunPlan` (the device, which passes
-a step runs, the step count). A worker hosts its roles' objects: the actor, the reference and the rollout
-(:class:`~verl.workers.roles.rollout.RolloutRole`), or the critic. The backend (``dp``, ``fsdp2``, ``megatron``)
-decides how the models are built (:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_critic`)
-and what happens around each pass (:meth:`_ModelWorker._placed_for`, which every pass enters through
-:meth:`_ModelWorker.phase`: megatron's offloading); everything else — rollout, log-probs, updates, checkpoints — is
-the same code for all. A registered method overridden in a subclass stays registered with its mode
+the results gathered (``Dispatch.DP_COMPUTE_PROTO``). A worker receives its own config section
+(``actor_rollout_ref``, ``critic``), the :class:`~verl.workers.config.plan.RunPlan` (the device, which passes a step
+runs, the step count, the responses per prompt) and its role's profiler settings, never the whole config;
+:meth:`SectionWorker.from_config` builds one from a whole config (tests, scripts). A worker hosts its roles'
+objects: the actor, the reference and the rollout (:class:`~verl.workers.roles.rollout.RolloutRole`), or the critic.
+The backend (``dp``, ``fsdp2``, ``megatron``) decides how the models are built
+(:meth:`ActorRolloutRefWorker._build_actor`, :meth:`CriticWorker._build_critic`) and what happens around each pass
+(:meth:`_ModelWorker._placed_for`, which every pass enters through :meth:`_ModelWorker.phase`: megatron's
+offloading); everything else — rollout, log-probs, updates, checkpoints — is the same code for all. A registered
+method overridden in a subclass stays registered with its mode
 (:func:`~verl.single_controller.decorator.registered_methods`).
 
 Every call that computes log-probs or trains the actor (``compute_log_prob``, ``compute_ref_log_prob``,
@@ -28,13 +30,13 @@ which a backend overrides when its module is not a Hugging Face model or is shar
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,8 +45,8 @@ from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Worker, register
 from verl.utils.checkpoint import load_state, rng_state_path, save_state
 from verl.workers.actor.base import BasePPOActor
-from verl.workers.config import ActorConfig, CriticConfig, PPOConfig
-from verl.workers.config.plan import RunPlan, build_run_plan
+from verl.workers.config import ActorConfig, ActorRolloutRefConfig, CriticConfig, PPOConfig
+from verl.workers.config.plan import RoleProfilerSettings, RunPlan, role_profiler_settings, standalone_plan
 from verl.workers.roles.rollout import RolloutRole, build_rollout_role, evaluating
 from verl.workers.update_outcome.result import UpdateResult
 
@@ -76,49 +78,76 @@ def setup_worker_process(worker: Worker, device: str) -> str:
     return choose_device(device)
 
 
-def worker_plan(config: PPOConfig, total_training_steps: int, plan: RunPlan | None) -> RunPlan:
-    """The run plan a worker works with: the driver's, or, for a worker built outside a group (a test, a script),
-    one derived from ``config`` with ``total_training_steps``."""
-    if plan is not None:
-        return plan
-    return dataclasses.replace(build_run_plan(config), total_training_steps=total_training_steps)
-
-
-def with_model_copies_in_shm(config: PPOConfig) -> PPOConfig:
-    """``config`` with ``actor_rollout_ref.model``'s ``path``, ``tokenizer_path`` and ``lora_adapter_path`` pointing
-    at their copies in shared memory (verl's ``model.use_shm``; :func:`verl.utils.fs.copy_to_shm`: one copy per node,
-    reused by every worker there, held while this process lives). Everything the worker loads from the model's
-    directories (actor, reference, rollout engine, tokenizer, the tokenizer a checkpoint's export gets) then reads
-    the copies; the critic reads ``critic.model.path`` where it is."""
+def with_model_copies_in_shm(arr: ActorRolloutRefConfig) -> ActorRolloutRefConfig:
+    """The ``actor_rollout_ref`` section ``arr`` with its model's ``path``, ``tokenizer_path`` and
+    ``lora_adapter_path`` pointing at their copies in shared memory (verl's ``model.use_shm``;
+    :func:`verl.utils.fs.copy_to_shm`: one copy per node, reused by every worker there, held while this process
+    lives). Everything the worker loads from the model's directories (actor, reference, rollout engine, tokenizer,
+    the tokenizer a checkpoint's export gets) then reads the copies; the critic reads ``critic.model.path`` where
+    it is."""
     from verl.models.loading import resolve_model_path
     from verl.utils.fs import copy_to_shm
 
-    arr = config.actor_rollout_ref
     model = arr.model
     changes = {"path": copy_to_shm(resolve_model_path(model.path))}
     if model.tokenizer_path:
         changes["tokenizer_path"] = copy_to_shm(resolve_model_path(model.tokenizer_path))
     if model.lora_adapter_path:
         changes["lora_adapter_path"] = copy_to_shm(model.lora_adapter_path)
-    return config.replace(actor_rollout_ref=arr.replace(model=model.replace(**changes)))
+    return arr.replace(model=model.replace(**changes))
 
 
 def _process_group():
     return dist.group.WORLD if dist.is_initialized() else None
 
 
-class _ModelWorker(Worker):
-    """What both workers share: the config, the step count, checkpoint plumbing (rank 0 writes the model)."""
+class SectionWorker(Worker):
+    """A worker built from its own config section and the run plan: what its group passes to its constructor
+    (:meth:`init_kwargs`), and a worker built from a whole config outside a group (:meth:`from_config`)."""
+
+    @classmethod
+    def init_kwargs(cls, config: PPOConfig, plan: RunPlan) -> dict[str, Any]:
+        """The constructor's keyword arguments for a run of ``config`` following ``plan``: the worker's section,
+        the plan, and what else it reads from other sections."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: PPOConfig, total_training_steps: int | None = None):
+        """A worker built outside a worker group (a test, a script): the plan is
+        :func:`~verl.workers.config.plan.standalone_plan` (``auto`` resolved on this process's devices), with
+        ``total_training_steps`` when given (None: ``trainer.total_training_steps``)."""
+        return cls(**cls.init_kwargs(config, standalone_plan(config, total_training_steps)))
+
+
+class _ModelWorker(SectionWorker):
+    """What both workers share: their section, the plan, the profiler, checkpoint plumbing (rank 0 writes the
+    model).
+
+    Args:
+        config: the worker's own config section.
+        plan: the run plan (the device, the passes a step runs; its ``total_training_steps`` sizes the LR schedule).
+        profiler: the profiler settings of the worker's role (None: never profiled).
+    """
 
     #: the worker group's role name, as ``PPOConfig.profiler_sections`` names it
     ROLE = ""
 
-    def __init__(self, config: PPOConfig, total_training_steps: int, plan: RunPlan | None = None):
+    def __init__(self, config: Any, plan: RunPlan, *, profiler: RoleProfilerSettings | None = None):
         super().__init__()
         self.config = config
-        self.plan = worker_plan(config, total_training_steps, plan)
-        self.total_training_steps = total_training_steps
+        self.plan = plan
+        self.total_training_steps = plan.total_training_steps
+        self._profiler_settings = profiler if profiler is not None else RoleProfilerSettings()
         self._role_profiler = None
+
+    @classmethod
+    def init_kwargs(cls, config: PPOConfig, plan: RunPlan) -> dict[str, Any]:
+        return {"config": cls._section(config), "plan": plan, "profiler": role_profiler_settings(config, cls.ROLE)}
+
+    @classmethod
+    def _section(cls, config: PPOConfig) -> Any:
+        """The worker's own section of ``config``."""
+        return getattr(config, cls.ROLE)
 
     def _trained(self):
         raise NotImplementedError
@@ -129,8 +158,8 @@ class _ModelWorker(Worker):
         if self._role_profiler is None:
             from verl.utils.profiler import RoleProfiler
 
-            sections = [section for _, section in self.config.profiler_sections().get(self.ROLE, [])]
-            self._role_profiler = RoleProfiler(self.ROLE, sections, self.config.global_profiler, self.rank)
+            settings = self._profiler_settings
+            self._role_profiler = RoleProfiler(self.ROLE, list(settings.sections), settings.global_profiler, self.rank)
         return self._role_profiler
 
     @contextlib.contextmanager
@@ -181,16 +210,7 @@ class _ModelWorker(Worker):
         return next(self._trained().model_module().parameters()).device.type
 
     def _save_extras(self, directory: Path) -> None:
-        """Rank 0's additions to a checkpoint beyond the model's own files: the tokenizer next to a Hugging Face
-        export (``huggingface/``), so that the export is a complete model directory."""
-        from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR
-
-        export = directory / HF_EXPORT_DIR
-        if export.is_dir():
-            from verl.models.loading import load_tokenizer
-
-            model = self.config.actor_rollout_ref.model
-            load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code).save_pretrained(export)
+        """Rank 0's additions to a checkpoint beyond the model's own files (none here)."""
 
     def _save_rank_state(self, directory: Path) -> None:
         """Per-rank random state (each rank samples differently); subclasses add what they own."""
@@ -246,15 +266,15 @@ class ActorRolloutRefWorker(_ModelWorker):
     """Actor + rollout + (optional) reference on one rank. Subclasses implement :meth:`_build_actor`.
 
     Args:
-        config: the whole validated trainer config (its ``actor_rollout_ref`` section and the profiler's are read).
-        total_training_steps: the run's step count (sizes the LR schedule).
-        plan: the run plan (which passes run, the device); None: derived from ``config`` (a worker built by hand).
+        config: the ``actor_rollout_ref`` section.
+        plan: the run plan (which passes run, the device, the step count that sizes the LR schedule).
+        profiler: the profiler settings of the actor group (the actor's and the reference's sections).
     """
 
     ROLE = "actor_rollout_ref"
 
-    def __init__(self, config: PPOConfig, total_training_steps: int, plan: RunPlan | None = None):
-        super().__init__(config, total_training_steps, plan)
+    def __init__(self, config: ActorRolloutRefConfig, plan: RunPlan, *, profiler: RoleProfilerSettings | None = None):
+        super().__init__(config, plan, profiler=profiler)
         self.actor: BasePPOActor | None = None
         self.ref: BasePPOActor | None = None
         self.rollout_role: RolloutRole | None = None  # None: no rollout here (a group of its own samples)
@@ -280,6 +300,18 @@ class ActorRolloutRefWorker(_ModelWorker):
     def _trained(self) -> BasePPOActor:
         return self.actor
 
+    def _save_extras(self, directory: Path) -> None:
+        """The tokenizer next to a Hugging Face export (``huggingface/``), so that the export is a complete model
+        directory."""
+        from verl.utils.fsdp_checkpoint import HF_EXPORT_DIR
+
+        export = directory / HF_EXPORT_DIR
+        if export.is_dir():
+            from verl.models.loading import load_tokenizer
+
+            model = self.config.model
+            load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code).save_pretrained(export)
+
     # ------------------------------------------------------------------ set-up
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -287,12 +319,11 @@ class ActorRolloutRefWorker(_ModelWorker):
         """Join torch.distributed, build actor, reference and rollout (none when the rollout has a worker group of
         its own); returns a one-line description."""
         device = setup_worker_process(self, self.plan.device)
-        if self.config.actor_rollout_ref.model.use_shm:
+        if self.config.model.use_shm:
             self.config = with_model_copies_in_shm(self.config)
-        cfg = self.config
-        arr = cfg.actor_rollout_ref
+        arr = self.config
         torch.manual_seed(arr.actor.seed)
-        actor_config = arr.actor.per_rank(arr.rollout.n, self._dp_size())
+        actor_config = arr.actor.per_rank(self.plan.rollout_n, self._dp_size())
         self.actor = self._build_actor(actor_config, device, trainable=True)
         self.actor.model_module().train()
         if self.plan.needs_reference:
@@ -321,7 +352,7 @@ class ActorRolloutRefWorker(_ModelWorker):
             from verl.utils.lora import AdaptersOffReference
 
             return AdaptersOffReference(self.actor)
-        ref = self.config.actor_rollout_ref.ref
+        ref = self.config.ref
         ref_config = actor_config.replace(
             use_torch_compile=ref.use_torch_compile,
             entropy_from_logits_with_chunking=ref.entropy_from_logits_with_chunking,
@@ -333,7 +364,7 @@ class ActorRolloutRefWorker(_ModelWorker):
         same requests), else this rank's data-parallel rank."""
         from verl.workers.rollout.vllm_engine import engine_index
 
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout = self.config.rollout
         return engine_index(rollout, self.rank) if rollout.name == "vllm" else self.data_parallel_layout()[0]
 
     # ------------------------------------------------------------------ the RL step
@@ -341,7 +372,7 @@ class ActorRolloutRefWorker(_ModelWorker):
     def _at_rollout_temperature(self, data: DataProto) -> DataProto:
         """``data`` (the same tensors) with ``meta_info["temperature"]``: the caller's (the temperature a per-call
         override sampled at) or else the configured one; the actor has no default of its own."""
-        configured = self.config.actor_rollout_ref.rollout.temperature
+        configured = self.config.rollout.temperature
         meta_info = {**data.meta_info, "temperature": data.meta_info.get("temperature", configured)}
         return DataProto(batch=data.batch, non_tensor_batch=data.non_tensor_batch, meta_info=meta_info)
 
@@ -352,14 +383,14 @@ class ActorRolloutRefWorker(_ModelWorker):
             return self.rollout_role.generate(prompts)
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
-        batching = self.config.actor_rollout_ref.rollout.log_prob_micro_batching()
+        batching = self.config.rollout.log_prob_micro_batching()
         with self.phase("old_log_prob"), evaluating(self.actor.model_module()):
             return self.actor.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
     def _ref_log_probs(self, data: DataProto) -> torch.Tensor:
         if self.ref is None:
             raise ValueError("No reference model: set actor_rollout_ref.ref.enable=true (or use_kl_loss=true).")
-        batching = self.config.actor_rollout_ref.ref.log_prob_micro_batching()
+        batching = self.config.ref.log_prob_micro_batching()
         with self.phase("ref"), evaluating(self.ref.model_module()):
             return self.ref.compute_log_prob(self._at_rollout_temperature(data.to(self._device())), batching)[0]
 
@@ -506,12 +537,17 @@ class CriticWorker(_ModelWorker):
     It starts from the actor's model (``actor_rollout_ref.model.path``) with a fresh value head, trains with its own
     optimizer, schedule and update-failure policy (``critic.update_failure_policy``, role "critic"), and checkpoints
     next to the actor.
+
+    Args:
+        config: the ``critic`` section.
+        plan: the run plan (the device, the step count, the responses per prompt that size its mini-batches).
+        profiler: the profiler settings of the critic group.
     """
 
     ROLE = "critic"
 
-    def __init__(self, config: PPOConfig, total_training_steps: int, plan: RunPlan | None = None):
-        super().__init__(config, total_training_steps, plan)
+    def __init__(self, config: CriticConfig, plan: RunPlan, *, profiler: RoleProfilerSettings | None = None):
+        super().__init__(config, plan, profiler=profiler)
         self.critic = None
 
     def _build_critic(self, critic_config: CriticConfig, device: str):
@@ -523,9 +559,8 @@ class CriticWorker(_ModelWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
         device = setup_worker_process(self, self.plan.device)
-        cfg = self.config
-        torch.manual_seed(cfg.critic.seed)
-        self.critic = self._build_critic(cfg.critic.per_rank(cfg.actor_rollout_ref.rollout.n, self._dp_size()), device)
+        torch.manual_seed(self.config.seed)
+        self.critic = self._build_critic(self.config.per_rank(self.plan.rollout_n, self._dp_size()), device)
         self.critic.model_module().train()
         return f"rank {self.rank}: {type(self.critic).__name__} ({getattr(self.critic, 'training_path', device)})"
 

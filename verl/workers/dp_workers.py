@@ -7,7 +7,7 @@ import torch
 from verl.utils.cpu_linear import use_onednn_linear
 from verl.workers.actor.dp_actor import DataParallelPPOActor, build_dp_actor
 from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, _process_group
-from verl.workers.config import ActorConfig, CriticConfig, PPOConfig
+from verl.workers.config import ActorConfig, CriticConfig, ModelConfig
 
 
 def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
@@ -17,14 +17,19 @@ def enable_gradient_checkpointing(module: torch.nn.Module) -> None:
 
 
 def build_dp_policy(
-    config: PPOConfig, actor_config: ActorConfig, device: str, *, trainable: bool, total_training_steps: int, rank: int
+    model_config: ModelConfig,
+    actor_config: ActorConfig,
+    device: str,
+    *,
+    trainable: bool,
+    total_training_steps: int,
+    rank: int,
 ) -> DataParallelPPOActor:
-    """The policy over ``actor_rollout_ref.model`` (a Hugging Face causal LM in fp32 on ``device``): trainable
-    (LoRA adapters and gradient checkpointing as configured), or frozen without optimizer (a reference, a rollout
-    worker's copy)."""
+    """The policy over ``model_config`` (``actor_rollout_ref.model``: a Hugging Face causal LM in fp32 on
+    ``device``): trainable (LoRA adapters and gradient checkpointing as configured), or frozen without optimizer (a
+    reference, a rollout worker's copy)."""
     from verl.models.loading import load_hf_causal_lm
 
-    model_config = config.actor_rollout_ref.model
     module = load_hf_causal_lm(
         model_config.path,
         dtype=torch.float32,
@@ -59,7 +64,7 @@ class DPActorRolloutRefWorker(ActorRolloutRefWorker):
 
     def _build_actor(self, actor_config: ActorConfig, device: str, trainable: bool) -> DataParallelPPOActor:
         return build_dp_policy(
-            self.config,
+            self.config.model,
             actor_config,
             device,
             trainable=trainable,

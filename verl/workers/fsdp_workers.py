@@ -65,7 +65,7 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
     def init_model(self) -> str:
         # (rollout.name=hf is refused by the config: it needs the whole model; generate would also stop each
         # rank at its own eos, while every forward pass of a sharded model needs all ranks)
-        rollout = self.config.actor_rollout_ref.rollout.name
+        rollout = self.config.rollout.name
         self._join_process_group()
         description = super().init_model()
         if self.rollout_role is None:  # the rollout runs in a worker group of its own (hybrid_engine=false)
@@ -93,7 +93,7 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
         from verl.workers.actor.update_loop import TORCH_DTYPES
         from verl.workers.config.precision import model_dtype_of
 
-        arr = self.config.actor_rollout_ref
+        arr = self.config
         fsdp_config = actor_config.fsdp_config if trainable else arr.ref.fsdp_config
         # in CPU memory, in verl's model_dtype (the shards keep it): fully_shard moves only this rank's shards to the
         # device; build_fsdp_actor checks it against the compute dtype

@@ -64,10 +64,10 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     and ``pipeline_model_parallel_size`` stages."""
 
     def _model_parallel_size(self) -> int:
-        return self.config.actor_rollout_ref.actor.megatron.model_parallel_size
+        return self.config.actor.megatron.model_parallel_size
 
     def _checkpoint_is_collective(self) -> bool:
-        return self.config.actor_rollout_ref.actor.megatron.checkpoint_is_collective
+        return self.config.actor.megatron.checkpoint_is_collective
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()
@@ -75,10 +75,10 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
         """Join torch.distributed and megatron-core's groups before the base worker builds the models."""
-        _join_model_parallel_groups(self, self.config.actor_rollout_ref.actor.megatron)
+        _join_model_parallel_groups(self, self.config.actor.megatron)
         description = super().init_model()
         # megatron.*_offload: the parts each section selects wait in host memory until a phase needs them
-        arr = self.config.actor_rollout_ref
+        arr = self.config
         attach_offloader(self.actor, arr.actor.megatron)
         if self.ref is not None and self._ref_owner() is self.ref:
             attach_offloader(self.ref, arr.ref.megatron)
@@ -103,8 +103,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
         if not trainable:
             # the reference's own megatron section: its layout follows the actor's, its offload and checkpoint its own
-            actor_config = actor_config.replace(megatron=self.config.actor_rollout_ref.ref.megatron)
-        model_config = self.config.actor_rollout_ref.model
+            actor_config = actor_config.replace(megatron=self.config.ref.megatron)
+        model_config = self.config.model
         hf_model = _load_hf(model_config)
         return build_megatron_actor(
             hf_model.config,
@@ -130,7 +130,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         """The Hugging Face config of ``actor_rollout_ref.model``: the names and layouts the weights go out in."""
         from verl.models.loading import load_hf_config
 
-        model_config = self.config.actor_rollout_ref.model
+        model_config = self.config.model
         return load_hf_config(model_config.path, model_config.trust_remote_code, model_config.override_config)
 
 
@@ -139,10 +139,10 @@ class MegatronCriticWorker(CriticWorker):
     tensor_model_parallel_size`` ranks and ``pipeline_model_parallel_size`` stages."""
 
     def _model_parallel_size(self) -> int:
-        return self.config.critic.megatron.model_parallel_size
+        return self.config.megatron.model_parallel_size
 
     def _checkpoint_is_collective(self) -> bool:
-        return self.config.critic.megatron.checkpoint_is_collective
+        return self.config.megatron.checkpoint_is_collective
 
     def data_parallel_layout(self) -> tuple[int, bool]:
         return _megatron_data_parallel_layout()
@@ -163,9 +163,9 @@ class MegatronCriticWorker(CriticWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
-        _join_model_parallel_groups(self, self.config.critic.megatron)
+        _join_model_parallel_groups(self, self.config.megatron)
         description = super().init_model()
-        attach_offloader(self.critic, self.config.critic.megatron)  # critic.megatron.*_offload
+        attach_offloader(self.critic, self.config.megatron)  # critic.megatron.*_offload
         return description
 
     def _placed_for(self, name: str):

@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
-from verl.single_controller import Dispatch, Worker, register
+from verl.single_controller import Dispatch, register
 from verl.utils.micro_batching import LockstepGroup, split_by_length
 from verl.utils.padding_free import forward_packed, real_column_span
+from verl.workers.base_worker import SectionWorker, choose_device
 from verl.workers.config import PPOConfig
 from verl.workers.config.plan import RunPlan
 from verl.workers.config.reward_model import RewardModelConfig
@@ -254,20 +255,23 @@ def load_tokenizers(config: RewardModelConfig) -> tuple[Any, Any] | None:
     return load_tokenizer(model.input_tokenizer, trust_remote_code=model.trust_remote_code), target
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(SectionWorker):
     """The reward model on one rank of its own worker group (``reward_model.strategy``: fsdp/fsdp2 or dp).
 
     Args:
-        config: the validated config; the worker keeps its ``reward_model`` section, nothing else.
-        total_training_steps: unused; the worker group hands every worker class the same arguments.
-        plan: the run plan (its device); None: ``trainer.device``.
+        config: the ``reward_model`` section.
+        plan: the run plan (its device).
     """
 
-    def __init__(self, config: PPOConfig, total_training_steps: int = 0, plan: RunPlan | None = None):
+    def __init__(self, config: RewardModelConfig, plan: RunPlan):
         super().__init__()
-        self.rm_config: RewardModelConfig = config.reward_model
-        self.device_setting = plan.device if plan is not None else config.trainer.device
+        self.config = config
+        self.plan = plan
         self.scorer: RewardModelScorer | None = None
+
+    @classmethod
+    def init_kwargs(cls, config: PPOConfig, plan: RunPlan) -> dict[str, Any]:
+        return {"config": config.reward_model, "plan": plan}
 
     def _join_process_group(self) -> None:
         # one group for both kinds of tensor: NCCL for CUDA ones, gloo for the CPU ones offloading leaves behind
@@ -278,14 +282,13 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
-        from verl.workers.base_worker import choose_device
         from verl.workers.config.roles import FSDP_STRATEGIES
 
         threads = os.environ.get("VERL_NUM_THREADS")
         if threads:
             torch.set_num_threads(int(threads))
-        rm = self.rm_config
-        device = choose_device(self.device_setting)
+        rm = self.config
+        device = choose_device(self.plan.device)
         module = load_reward_model(rm.model.path, rm.model.trust_remote_code)
         dtype = TORCH_DTYPES[rm.dtype]
         group = None

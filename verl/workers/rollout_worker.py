@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
-from verl.single_controller import Dispatch, Worker, register
-from verl.workers.base_worker import setup_worker_process, with_model_copies_in_shm, worker_plan
-from verl.workers.config import PPOConfig
+from verl.single_controller import Dispatch, register
+from verl.workers.base_worker import SectionWorker, setup_worker_process, with_model_copies_in_shm
+from verl.workers.config import ActorRolloutRefConfig, PPOConfig
 from verl.workers.config.plan import RunPlan
 from verl.workers.dp_workers import build_dp_policy
 from verl.workers.roles.rollout import RolloutRole, build_rollout_role
@@ -33,25 +34,28 @@ from verl.workers.rollout.partial import WEIGHT_VERSION_KEY, WeightSwitch
 __all__ = ["WEIGHT_VERSION_KEY", "RolloutWorker"]
 
 
-class RolloutWorker(Worker):
+class RolloutWorker(SectionWorker):
     """One rank of the rollout worker group: a frozen copy of the policy and the rollout role over it.
 
     Its group exposes the rollout's methods only (``init_model``, ``generate_sequences``, ``load_weights``,
     ``stage_weights``), never the actor's: it trains nothing and writes no checkpoint.
 
     Args:
-        config: the whole validated trainer config.
-        total_training_steps: unused (the worker trains nothing); the worker group passes it to every worker.
-        plan: the run plan (the device); None: derived from ``config``.
+        config: the ``actor_rollout_ref`` section (the model, the actor's precision and seed, the rollout).
+        plan: the run plan (the device, the responses per prompt, whether rollouts are partial).
     """
 
-    def __init__(self, config: PPOConfig, total_training_steps: int = 0, plan: RunPlan | None = None):
+    def __init__(self, config: ActorRolloutRefConfig, plan: RunPlan):
         super().__init__()
         self.config = config
-        self.plan = worker_plan(config, total_training_steps, plan)
+        self.plan = plan
         self.policy = None  # the frozen copy of the policy (a BasePPOActor without optimizer)
         self.rollout_role: RolloutRole | None = None
         self.switch: WeightSwitch | None = None
+
+    @classmethod
+    def init_kwargs(cls, config: PPOConfig, plan: RunPlan) -> dict[str, Any]:
+        return {"config": config.actor_rollout_ref, "plan": plan}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
@@ -59,21 +63,21 @@ class RolloutWorker(Worker):
         from verl.workers.rollout.vllm_engine import engine_index
 
         device = setup_worker_process(self, self.plan.device)
-        if self.config.actor_rollout_ref.model.use_shm:  # verl's model.use_shm: load from the node's copy
+        if self.config.model.use_shm:  # verl's model.use_shm: load from the node's copy
             self.config = with_model_copies_in_shm(self.config)
-        arr = self.config.actor_rollout_ref
+        arr = self.config
         torch.manual_seed(arr.actor.seed)
-        actor_config = arr.actor.per_rank(arr.rollout.n, self.world_size)
+        actor_config = arr.actor.per_rank(self.plan.rollout_n, self.world_size)
         # the plain model (no adapters even for a LoRA actor: the trainer sends merged weights under plain names)
         self.policy = build_dp_policy(
-            self.config, actor_config, device, trainable=False, total_training_steps=0, rank=self.rank
+            arr.model, actor_config, device, trainable=False, total_training_steps=0, rank=self.rank
         )
         self.policy.model_module().eval()
         # rank r samples as rank r of the actor group would (a vLLM engine: its tensor-parallel group's seed)
         seed_offset = engine_index(arr.rollout, self.rank) if arr.rollout.name == "vllm" else self.rank
-        self.rollout_role = build_rollout_role(self.config, self.policy, device, seed_offset)
+        self.rollout_role = build_rollout_role(arr, self.policy, device, seed_offset)
         self.switch = WeightSwitch(self._put_weights)
-        if self.config.async_training.partial_rollout:
+        if self.plan.partial_rollout:
             self.rollout_role.engine.weight_switch = self.switch
         return f"rollout rank {self.rank}: {arr.rollout.name} on {device}"
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from verl.workers.config import PPOConfig, RunPlan, build_run_plan, compose_ppo_config, resolve_device
-from verl.workers.config.plan import num_training_steps, step_sizes
+from verl.workers.config.plan import num_training_steps, role_profiler_settings, standalone_plan, step_sizes
 
 FULLY_ASYNC = [
     "actor_rollout_ref.hybrid_engine=false",
@@ -107,3 +107,39 @@ def test_the_plan_is_plain_values_for_the_log_and_the_checkpoint(default_config)
     values = plan.to_dict()
     assert values["train_batch_size"] == 16 and values["roles"] == ("actor", "rollout")
     assert "  total_training_steps: 60" in plan.describe().splitlines()
+
+
+def test_the_plan_carries_what_workers_read_from_sections_other_than_their_own():
+    # rollout.n sizes the actor's and the critic's per-rank mini-batches; partial_rollout switches the rollout
+    # group's weights mid-generation (it needs the naive rollout and a rollout group of its own)
+    plain = build_run_plan(compose_ppo_config(["actor_rollout_ref.rollout.n=2"]))
+    assert (plain.rollout_n, plain.partial_rollout) == (2, False)
+    partial = compose_ppo_config(
+        [
+            "actor_rollout_ref.hybrid_engine=false",
+            "async_training.partial_rollout=true",
+            "actor_rollout_ref.rollout.n=8",
+        ]
+    )
+    assert (build_run_plan(partial).rollout_n, build_run_plan(partial).partial_rollout) == (8, True)
+
+
+def test_a_standalone_plan_resolves_auto_on_this_process_and_takes_the_step_count():
+    import torch
+
+    config = compose_ppo_config(["trainer.device=auto"])
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    plan = standalone_plan(config, total_training_steps=5)
+    # only the device (auto -> this process's) and the step count (None in the config -> 5) differ from the driver's
+    assert plan == dataclasses.replace(build_run_plan(config), device=here, total_training_steps=5)
+    assert standalone_plan(config).total_training_steps is None  # not given: the config's (null)
+
+
+def test_a_groups_profiler_settings_are_its_roles_sections():
+    config = compose_ppo_config(["actor_rollout_ref.actor.use_kl_loss=true", "algorithm.adv_estimator=gae"])
+    arr = config.actor_rollout_ref
+    # the actor group holds the actor and the reference: both sections; the critic's own; other groups none
+    actor = role_profiler_settings(config, "actor_rollout_ref")
+    assert actor.sections == (arr.actor.profiler, arr.ref.profiler) and actor.global_profiler is config.global_profiler
+    assert role_profiler_settings(config, "critic").sections == (config.critic.profiler,)
+    assert role_profiler_settings(config, "rollout").sections == () and not actor.enabled

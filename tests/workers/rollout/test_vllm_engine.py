@@ -60,7 +60,7 @@ def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.cpu_offload_gb=0",
         model=model_dir,
     )
-    kwargs = engine_kwargs(config, seed=5, device="cpu")
+    kwargs = engine_kwargs(config.actor_rollout_ref, seed=5, device="cpu")
     # max_model_len = data.max_prompt_length (8) + rollout.response_length (8, from data.max_response_length)
     assert kwargs["max_model_len"] == 16
     assert (kwargs["model"], kwargs["dtype"], kwargs["seed"]) == (str(model_dir), "bfloat16", 5)
@@ -69,19 +69,21 @@ def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
     # on CPU the KV cache is the utilization's share of the RAM, set explicitly, and vLLM cannot sleep there
     ram = vllm_engine._total_ram_bytes()
     assert kwargs["kv_cache_memory_bytes"] == int(0.25 * ram) and kwargs["enable_sleep_mode"] is False
-    on_gpu = engine_kwargs(config, seed=5, device="cuda")
+    on_gpu = engine_kwargs(config.actor_rollout_ref, seed=5, device="cuda")
     assert on_gpu["enable_sleep_mode"] is True and "kv_cache_memory_bytes" not in on_gpu
     assert (
-        engine_kwargs(vllm_config("actor_rollout_ref.rollout.free_cache_engine=false"), 0, "cuda")["enable_sleep_mode"]
+        engine_kwargs(vllm_config("actor_rollout_ref.rollout.free_cache_engine=false").actor_rollout_ref, 0, "cuda")[
+            "enable_sleep_mode"
+        ]
         is False
     )
 
 
 def test_the_engine_builds_the_model_from_the_trainers_overridden_config(model_dir):
-    plain = engine_kwargs(vllm_config(model=model_dir), seed=0, device="cpu")
+    plain = engine_kwargs(vllm_config(model=model_dir).actor_rollout_ref, seed=0, device="cpu")
     assert "hf_overrides" not in plain
     config = vllm_config("+actor_rollout_ref.model.override_config.rms_norm_eps=0.001", model=model_dir)
-    assert engine_kwargs(config, seed=0, device="cpu")["hf_overrides"] == {"rms_norm_eps": 0.001}
+    assert engine_kwargs(config.actor_rollout_ref, seed=0, device="cpu")["hf_overrides"] == {"rms_norm_eps": 0.001}
 
 
 @pytest.mark.parametrize(
@@ -99,7 +101,7 @@ def test_the_logprobs_mode_matches_the_trainers_log_probs(overrides, mode):
 
 def test_engine_kwargs_may_choose_the_logprobs_mode():
     config = vllm_config("+actor_rollout_ref.rollout.engine_kwargs.vllm.logprobs_mode=raw_logprobs")
-    assert engine_kwargs(config, 0, "cpu")["logprobs_mode"] == "raw_logprobs"
+    assert engine_kwargs(config.actor_rollout_ref, 0, "cpu")["logprobs_mode"] == "raw_logprobs"
 
 
 def test_check_names_the_extra_when_vllm_is_missing(monkeypatch):
@@ -176,8 +178,13 @@ def test_tensor_parallel_engines_on_gpu_fit_a_node(monkeypatch, model_dir):
     # 2 engines of 2 ranks on one node of 4 GPUs: accepted, and the engine joins the actor group's process group
     config = vllm_config(tp2, "trainer.n_gpus_per_node=4", model=model_dir)
     check_vllm_config(config)
-    assert engine_kwargs(config, seed=0, device="cuda")["distributed_executor_backend"] == "external_launcher"
-    assert "distributed_executor_backend" not in engine_kwargs(vllm_config(model=model_dir), seed=0, device="cuda")
+    assert (
+        engine_kwargs(config.actor_rollout_ref, seed=0, device="cuda")["distributed_executor_backend"]
+        == "external_launcher"
+    )
+    assert "distributed_executor_backend" not in engine_kwargs(
+        vllm_config(model=model_dir).actor_rollout_ref, seed=0, device="cuda"
+    )
     # TP 4 over 2 nodes of 2 GPUs divides the 4 ranks, but an engine would straddle the nodes
     tp4 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=4", "trainer.n_gpus_per_node=2", "trainer.nnodes=2"]
     with pytest.raises(ValueError, match=r"tensor_model_parallel_size=4 does not divide trainer.n_gpus_per_node=2"):
@@ -187,9 +194,9 @@ def test_tensor_parallel_engines_on_gpu_fit_a_node(monkeypatch, model_dir):
 def test_a_retired_vllm_argument_of_verls_scripts_takes_its_new_name(model_dir):
     # run_glm41v_9b.sh: disable_mm_preprocessor_cache=True, which vLLM 0.32 spells mm_processor_cache_gb=0
     key = "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache"
-    kwargs = engine_kwargs(vllm_config(f"{key}=True", model=model_dir), seed=0, device="cpu")
+    kwargs = engine_kwargs(vllm_config(f"{key}=True", model=model_dir).actor_rollout_ref, seed=0, device="cpu")
     assert kwargs["mm_processor_cache_gb"] == 0 and "disable_mm_preprocessor_cache" not in kwargs
-    kwargs = engine_kwargs(vllm_config(f"{key}=False", model=model_dir), seed=0, device="cpu")
+    kwargs = engine_kwargs(vllm_config(f"{key}=False", model=model_dir).actor_rollout_ref, seed=0, device="cpu")
     assert "mm_processor_cache_gb" not in kwargs and "disable_mm_preprocessor_cache" not in kwargs
 
 

@@ -20,6 +20,7 @@ from tests.workers.rollout.vllm_helpers import VLLM_TEST_OVERRIDES, needs_vllm, 
 
 needs_vllm()  # before the workers' import (and with it Ray's): a machine without vLLM skips this module
 
+from tests.workers.built import built_worker  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.data_setup import build_data  # noqa: E402
 from verl.workers.config import compose_ppo_config  # noqa: E402
@@ -89,7 +90,7 @@ def build_worker(model_dir, device, dtype):
             *overrides,
         ]
     )
-    worker = DPActorRolloutRefWorker(config, total_training_steps=10)
+    worker = built_worker(DPActorRolloutRefWorker, config, 10)
     worker.init_model()
     return worker
 
@@ -111,7 +112,7 @@ def worker(request, model_dir):
 
 
 def prompts_of(worker, **meta) -> DataProto:
-    prompts = next(build_data(worker.config, 1).train_loader)
+    prompts = next(build_data(worker.run_config, 1).train_loader)
     prompts.meta_info.update(meta)
     return prompts
 
@@ -198,7 +199,7 @@ def test_a_skipped_update_sends_nothing(worker, monkeypatch):
 
 
 def test_the_engine_matches_the_trainer_after_a_sync_and_not_before(worker):
-    tolerance = TOLERANCE[worker.config.actor_rollout_ref.actor.dtype]
+    tolerance = TOLERANCE[worker.config.actor.dtype]
     sequences = fixed_sequences()
     worker._sync_rollout_weights()  # engine and trainer start from the same weights, whatever ran before
     assert gap(worker, sequences) < tolerance
@@ -215,7 +216,7 @@ def test_the_engine_matches_the_trainer_after_a_sync_and_not_before(worker):
 
     # the worker's own step: update, then sync, both reported (a step's sync counts; the one above was by hand)
     syncs = worker.num_weight_syncs
-    metrics = worker.update_actor(update_batch(worker))
+    metrics = worker.update_actor(update_batch(worker)).metrics
     assert metrics["actor/num_updates_successful"] == 1.0
     assert metrics["rollout/weight_syncs"] == syncs + 1 and metrics["timing_s/weight_sync"] > 0.0
     assert gap(worker, sequences) < tolerance
@@ -225,11 +226,11 @@ def test_sampled_log_probs_are_the_trainers_at_the_sampling_temperature(worker):
     worker._sync_rollout_weights()
     # temperature 0.7 without top-k/top-p: vLLM's processed log-probs are log_softmax(logits / 0.7)
     output = worker.generate_sequences(prompts_of(worker, temperature=0.7))
-    assert output.batch["responses"].shape == (8, worker.config.actor_rollout_ref.rollout.response_length)
+    assert output.batch["responses"].shape == (8, worker.config.rollout.response_length)
     output.meta_info["temperature"] = 0.7
     mask = output.batch["response_mask"].bool()
     engine, trainer = output.batch["rollout_log_probs"], trainer_log_probs(worker, output)
-    assert (engine - trainer).abs()[mask].max() < TOLERANCE[worker.config.actor_rollout_ref.actor.dtype]
+    assert (engine - trainer).abs()[mask].max() < TOLERANCE[worker.config.actor.dtype]
     assert (engine[~mask] == 0).all()
 
 
@@ -254,7 +255,7 @@ def test_greedy_responses_equal_the_naive_rollouts_in_fp32(worker):
     def logits_fn(input_ids, attention_mask, position_ids):
         return actor.forward_logits(input_ids, attention_mask, position_ids).float()
 
-    rollout_config = worker.config.actor_rollout_ref.rollout
+    rollout_config = worker.config.rollout
     naive = NaiveRollout(
         logits_fn, rollout_config.sampling_options(), worker.rollout.pad_token_id, worker.rollout.eos_ids
     )

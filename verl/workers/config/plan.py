@@ -26,7 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from verl.workers.config.sizes import StepSizes, num_training_steps, step_sizes
 
-__all__ = ["RunPlan", "StepSizes", "build_run_plan", "num_training_steps", "resolve_device", "step_sizes"]
+__all__ = [
+    "RoleProfilerSettings",
+    "RunPlan",
+    "StepSizes",
+    "build_run_plan",
+    "num_training_steps",
+    "resolve_device",
+    "role_profiler_settings",
+    "standalone_plan",
+    "step_sizes",
+]
 
 if TYPE_CHECKING:
     from verl.workers.config.ppo import PPOConfig
@@ -55,6 +65,10 @@ class RunPlan:
         separate_rollout: the rollout runs in a worker group of its own.
         megatron_optimizer: per megatron-trained role, whether it trains on megatron-core's own optimizer
             (``{"actor": True}``; None while the device is still ``auto``); empty without megatron.
+        rollout_n: responses sampled per prompt (``actor_rollout_ref.rollout.n``); the actor and the critic size
+            their per-rank mini-batches with it.
+        partial_rollout: the rollout switches to new weights in the middle of a generation
+            (``async_training.partial_rollout``).
     """
 
     device: str
@@ -72,6 +86,8 @@ class RunPlan:
     prox_log_prob_pass: bool
     separate_rollout: bool
     megatron_optimizer: dict[str, bool | None]
+    rollout_n: int
+    partial_rollout: bool
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain values (what the log line and the checkpoint's ``run_plan.json`` hold)."""
@@ -114,6 +130,8 @@ def build_run_plan(config: PPOConfig, *, num_train_prompts: int | None = None) -
         prox_log_prob_pass=config.prox_log_prob_pass,
         separate_rollout=config.separate_rollout,
         megatron_optimizer=_megatron_optimizers(config, device),
+        rollout_n=config.actor_rollout_ref.rollout.n,
+        partial_rollout=config.async_training.partial_rollout,
     )
 
 
@@ -128,6 +146,45 @@ def resolve_device(plan: RunPlan, config: PPOConfig, cluster_has_gpus: bool) -> 
         return plan
     device = "cuda" if cluster_has_gpus else "cpu"
     return dataclasses.replace(plan, device=device, megatron_optimizer=_megatron_optimizers(config, device))
+
+
+def standalone_plan(config: PPOConfig, total_training_steps: int | None = None) -> RunPlan:
+    """The plan of a worker built outside a worker group (a test, a script): :func:`build_run_plan`, the device
+    resolved on what this process sees (``auto``: ``cuda`` when torch sees a CUDA device, else ``cpu``), and
+    ``total_training_steps`` when given (None: the config's)."""
+    import torch
+
+    plan = resolve_device(build_run_plan(config), config, torch.cuda.is_available())
+    if total_training_steps is None:
+        return plan
+    return dataclasses.replace(plan, total_training_steps=total_training_steps)
+
+
+@dataclass(frozen=True)
+class RoleProfilerSettings:
+    """What a worker group's profiler reads from the config: its roles' ``profiler`` sections and
+    ``global_profiler``.
+
+    Attributes:
+        sections: the ``profiler`` sections of the roles the group hosts (the actor group: the actor's, and the
+            reference's when it has one); empty for a group that is never profiled.
+        global_profiler: the ``global_profiler`` section (None: no profiling at all).
+    """
+
+    sections: tuple[Any, ...] = ()
+    global_profiler: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any of the sections turns profiling on (the group then runs under the profiling tool)."""
+        return any(section.enable for section in self.sections)
+
+
+def role_profiler_settings(config: PPOConfig, role: str) -> RoleProfilerSettings:
+    """The profiler settings of the worker group ``role`` (``actor_rollout_ref``, ``critic``; any other role has
+    no profiler sections), as :meth:`~verl.workers.config.PPOConfig.profiler_sections` lists them."""
+    sections = tuple(section for _, section in config.profiler_sections().get(role, []))
+    return RoleProfilerSettings(sections, config.global_profiler)
 
 
 def _roles(config: PPOConfig) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from verl.protocol import DataProto
-from verl.workers.config import PPOConfig
+from verl.workers.config import ActorRolloutRefConfig
 from verl.workers.config.rollout import RolloutConfig
 
 
@@ -85,8 +85,9 @@ class RolloutRole:
         self.engine.load_state_dict(state)
 
 
-def build_rollout_role(config: PPOConfig, policy, device: str, seed_offset: int) -> RolloutRole:
-    """The configured rollout over ``policy`` (a :class:`~verl.workers.actor.base.BasePPOActor`).
+def build_rollout_role(arr: ActorRolloutRefConfig, policy, device: str, seed_offset: int) -> RolloutRole:
+    """The rollout ``arr.rollout`` configures (``arr``: the ``actor_rollout_ref`` section) over ``policy`` (a
+    :class:`~verl.workers.actor.base.BasePPOActor`).
 
     ``naive`` samples with the policy's key/value-cached decoder and ``hf`` with its module's ``generate``, both in
     the training precision; ``vllm`` builds an engine of its own from the model directory (the host sends it the
@@ -95,14 +96,13 @@ def build_rollout_role(config: PPOConfig, policy, device: str, seed_offset: int)
     from verl.models.loading import load_tokenizer
     from verl.workers.rollout import get_rollout_cls
 
-    arr = config.actor_rollout_ref
     rollout = arr.rollout
     if rollout.name == "hf":
         model = policy.model_module()
     elif rollout.name == "vllm":
         from verl.workers.rollout.vllm_engine import build_vllm_engine
 
-        model = build_vllm_engine(config, seed=rollout.seed + seed_offset, device=device)
+        model = build_vllm_engine(arr, seed=rollout.seed + seed_offset, device=device)
     else:
         model = policy.incremental_decoder()
     tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from verl.workers.config import PPOConfig, RolloutConfig
+from verl.workers.config import ActorRolloutRefConfig, PPOConfig, RolloutConfig
 
 __all__ = [
     "CPU_HEAD_SIZES",
@@ -135,9 +135,9 @@ def _total_ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def max_model_len(config: PPOConfig) -> int:
+def max_model_len(arr: ActorRolloutRefConfig) -> int:
     """The engine's context: ``rollout.max_model_len`` when given, else ``prompt_length + response_length``."""
-    rollout = config.actor_rollout_ref.rollout
+    rollout = arr.rollout
     return rollout.max_model_len or rollout.prompt_length + rollout.response_length
 
 
@@ -149,11 +149,11 @@ def engine_index(rollout: RolloutConfig, rank: int) -> int:
     return rank // rollout.tensor_model_parallel_size if rollout.name == "vllm" else rank
 
 
-def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
+def engine_kwargs(arr: ActorRolloutRefConfig, seed: int, device: str) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for this run (``engine_kwargs.vllm`` merged last).
 
     Args:
-        config: the whole validated trainer config.
+        arr: the ``actor_rollout_ref`` section.
         seed: the engine's seed (the rollout seed shifted by the rank, so that ranks sample differently).
         device: ``"cuda"`` or ``"cpu"``, the device the worker computes on.
 
@@ -162,7 +162,6 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
     """
     from verl.models.loading import resolve_model_path
 
-    arr = config.actor_rollout_ref
     rollout = arr.rollout
     kwargs: dict[str, Any] = {
         "model": resolve_model_path(arr.model.path),
@@ -170,7 +169,7 @@ def engine_kwargs(config: PPOConfig, seed: int, device: str) -> dict[str, Any]:
         "trust_remote_code": arr.model.trust_remote_code,
         "dtype": rollout.dtype or arr.actor.dtype,
         "seed": seed,
-        "max_model_len": max_model_len(config),
+        "max_model_len": max_model_len(arr),
         "tensor_parallel_size": rollout.tensor_model_parallel_size,
         "gpu_memory_utilization": rollout.gpu_memory_utilization,
         "enforce_eager": rollout.enforce_eager,
@@ -252,11 +251,11 @@ def _in_process_engine_env():
         torch.set_num_threads = set_num_threads
 
 
-def build_vllm_engine(config: PPOConfig, seed: int, device: str):
+def build_vllm_engine(arr: ActorRolloutRefConfig, seed: int, device: str):
     """A ``vllm.LLM`` for the ``vllm`` rollout of this worker, engine core in-process.
 
     Args:
-        config: the whole validated trainer config.
+        arr: the ``actor_rollout_ref`` section.
         seed: the engine's seed.
         device: the device the worker computes on (``"cuda"`` or ``"cpu"``).
 
@@ -267,7 +266,7 @@ def build_vllm_engine(config: PPOConfig, seed: int, device: str):
         ValueError: vLLM is not installed.
     """
     require_vllm()
-    kwargs = engine_kwargs(config, seed, device)
+    kwargs = engine_kwargs(arr, seed, device)
     launcher = _external_launcher_env() if "distributed_executor_backend" in kwargs else contextlib.nullcontext()
     with _in_process_engine_env(), launcher:
         from vllm import LLM
