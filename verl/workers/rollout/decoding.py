@@ -15,12 +15,3 @@ from verl.models.decoding import (  # noqa: F401  (re-exported under the old pat
     grouped_query_sdpa_attention,
     last_logits,
 )
-
-__all__ = [
-    "HFCachedDecoder",
-    "IncrementalDecoder",
-    "LogitsFn",
-    "PreallocatedCacheLayer",
-    "RecomputeDecoder",
-    "last_logits",
-]
