@@ -53,6 +53,9 @@ def train(monkeypatch, config, outcomes, caplog):
     attempts = main_ppo._Attempts(resume_from=None, last_good=None, stop_signals=StopSignals())
     data = SimpleNamespace(train_loader=_Loader())
     previous = signal.getsignal(signal.SIGTERM)
+    # only what _train logs: composing the config beforehand logs at INFO (the embedded layer), which caplog keeps
+    # whenever an earlier test in this process lowered the root logger's level
+    caplog.clear()
     try:
         with caplog.at_level(logging.WARNING, logger="verl.trainer"):
             code = main_ppo._train(config, data, build_run_plan(config), tracker=None, attempts=attempts)
