@@ -1,7 +1,8 @@
 """docs/config/ppo_trainer.md lists exactly the keys of ppo_trainer.yaml, each with the YAML file's default.
 
-The YAML file is flattened to dotted keys (lists are leaves, the ``hydra`` section and Hydra's ``defaults`` list, which
-holds the embedded layer's slot, are skipped, interpolations stay unresolved);
+ppo_trainer.yaml, composed from its component files without the embedded layer (verl's defaults), is flattened to
+dotted keys (lists are leaves, the ``hydra`` section and Hydra's ``defaults`` list are skipped, interpolations stay
+unresolved);
 the page's table rows are read as ``| `dotted.key` | type | `default` | meaning |``. Defaults are
 compared as YAML values, so ``2.0e-3`` and ``0.002`` agree, ``null`` matches ``None``, and an interpolation matches
 its ``${...}`` text.
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import yaml
 from omegaconf import OmegaConf
+
+from verl.workers.config import compose_omegaconf
 
 ROOT = Path(__file__).resolve().parents[2]
 YAML_PATH = ROOT / "verl/trainer/config/ppo_trainer.yaml"
@@ -34,7 +37,7 @@ def flatten(tree, prefix=""):
 
 
 def yaml_defaults() -> dict:
-    tree = OmegaConf.to_container(OmegaConf.load(YAML_PATH), resolve=False)
+    tree = OmegaConf.to_container(compose_omegaconf(["~embedded@_global_"]), resolve=False)
     tree.pop("hydra", None)
     tree.pop("defaults", None)  # Hydra's defaults list: which files compose, not a config key
     return flatten(tree)

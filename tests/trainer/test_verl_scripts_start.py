@@ -1,31 +1,40 @@
-"""verl's own 74 GRPO/PPO example scripts start here (issue 27), from their stored command lines (no fetching).
+"""verl's own example scripts start here, from their stored command lines (no fetching): the 74 GRPO/PPO scripts of
+verl's January release b178a3c (issue 27) and every PPO-family script of its current release 1dda039 (issue 47).
 
-Each script's command line (``tests/trainer/verl_scripts/scripts.json``) is normalised (model path, data files,
-hardware sizes only) and checked as ``python -m verl.trainer.main_ppo`` checks it before Ray starts. A script
-either passes, or is refused with a message naming a feature that is out of scope here, or is listed in
-``PENDING`` (another piece of work owns its blocker). ``MIN_PASSING`` is the count reached; raise it as work lands.
+Each script's command line (``tests/trainer/verl_scripts/scripts.json``, ``scripts_1dda039.json``) is normalised
+(model path, data files, hardware sizes only) and checked as ``python -m <its entry point>`` checks it before Ray
+starts, once with ``trainer.device=cpu`` (this machine) and once with ``cuda`` (what a GPU machine checks). January:
+a script passes or is refused with a message naming a feature that is out of scope here; ``MIN_PASSING`` is the count
+reached (every script that started before still starts). Current release: the scripts refused by an out-of-scope
+feature's name are out of scope; of the others at least ``MIN_PASSING_CURRENT`` start (the count reached), and issue
+47 asks for ``MIN_IN_SCOPE_SHARE`` (90 %): until that share is reached the test ends as an expected failure naming the
+share measured. The scripts the extraction leaves out (another trainer's entry point) are
+listed in the data file with the reason.
 """
 
+import importlib.util
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.trainer.verl_scripts.harness import load_scripts, start_up_outcomes, write_inputs
+from tests.trainer.verl_scripts.harness import (
+    CURRENT_OUT_OF_SCOPE,
+    CURRENT_SCRIPTS_JSON,
+    ENTRY_POINT_CONFIGS,
+    NEEDS_CUDA,
+    OUT_OF_SCOPE,
+    SCRIPTS_JSON,
+    load_not_ours,
+    load_scripts,
+    start_up_outcomes,
+    write_inputs,
+)
 
 MIN_PASSING = 55
 # On a GPU machine (trainer.device=cuda) the CUDA-only features start too: every refusal left is out of scope or the
 # script's own text; this is all 74 less the 17 such scripts.
 MIN_PASSING_ON_CUDA = 57
-# The out-of-scope features a refusal may name (a regex each).
-OUT_OF_SCOPE = {
-    "SGLang": r"SGLang",
-    "TensorRT-LLM": r"TensorRT-LLM",
-    "NPU profilers": r"Ascend NPU",
-    "multimodal": r"multimodal|vision",
-    "sandbox services": r"sandbox",
-}
-# What this machine lacks: a CUDA-only path (the harness keeps trainer.device=cpu) is refused at start-up.
-NEEDS_CUDA = r"needs CUDA|\(CUDA only\)"
 # verl's own text does not parse in Hydra (in verl too): a comment after a line continuation, a stray brace.
 BROKEN_IN_VERL = {
     "run_deepseek7b_llm_pfppo.sh": r"LexerNoViableAltException",
@@ -34,11 +43,19 @@ BROKEN_IN_VERL = {
 # Blockers other work owns: these may fail with any message until it lands.
 PENDING: dict[str, str] = {}
 
+# Of the current scripts whose refusal names no out-of-scope feature, the share issue 47 asks to start; until it is
+# reached the test reports the share it measured as an expected failure, after checking the floors below.
+MIN_IN_SCOPE_SHARE = 0.9
+# The counts reached (12:50 UTC, 7 December: 51 of the 117 start, on either device; 25 are refused by an
+# out-of-scope feature's name; so 51 of the 92 in scope, 55 %): raise them as work lands.
+MIN_PASSING_CURRENT = 51
+MIN_PASSING_CURRENT_ON_CUDA = 51
 
-def _outcomes(inputs):
+
+def _outcomes(scripts, inputs):
     """{"cpu": {script: refusal or None}, "cuda": {...}}: each script composed once, checked for both devices."""
     results = {"cpu": {}, "cuda": {}}
-    for script in load_scripts():
+    for script in scripts:
         for device, message in start_up_outcomes(script, inputs, ("cpu", "cuda")).items():
             results[device][script.name] = message
     return results
@@ -58,11 +75,11 @@ def _unexplained(outcomes, allowed):
     return bad
 
 
-# One test for both devices: each script is composed once (Hydra's compose is most of the check's time), and a
-# fixture shared by several tests would be built again on every pytest-xdist worker that runs one of them.
+# One test per set for both devices: each script is composed once (Hydra's compose is most of the check's time), and
+# a fixture shared by several tests would be built again on every pytest-xdist worker that runs one of them.
 @pytest.mark.slow
 def test_every_script_starts_or_is_refused_by_an_out_of_scope_feature_here_and_on_a_gpu_machine(tmp_path):
-    outcomes = _outcomes(write_inputs(tmp_path))
+    outcomes = _outcomes(load_scripts(SCRIPTS_JSON), write_inputs(tmp_path))
     here, on_cuda = outcomes["cpu"], outcomes["cuda"]
     assert len(here) == len(on_cuda) == 74
     # here (trainer.device=cpu): a refusal names an out-of-scope feature, or a CUDA-only one
@@ -73,3 +90,106 @@ def test_every_script_starts_or_is_refused_by_an_out_of_scope_feature_here_and_o
     assert _unexplained(on_cuda, list(OUT_OF_SCOPE.values())) == {}
     num_passing = sum(message is None for message in on_cuda.values())
     assert num_passing >= MIN_PASSING_ON_CUDA, {k: v for k, v in on_cuda.items() if v is not None}
+
+
+def _in_scope_failures(outcomes, allowed):
+    """(number starting, {script: refusal} of those refused by no out-of-scope feature's name)."""
+    failing = {k: v for k, v in outcomes.items() if v is not None and not any(re.search(p, v) for p in allowed)}
+    return sum(message is None for message in outcomes.values()), failing
+
+
+@pytest.mark.slow
+def test_current_release_scripts_start_at_least_ninety_percent_of_those_in_scope(tmp_path):
+    scripts = load_scripts(CURRENT_SCRIPTS_JSON)
+    outcomes = _outcomes(scripts, write_inputs(tmp_path))
+    assert len(outcomes["cpu"]) == len(outcomes["cuda"]) == len(scripts)
+    shares = {}
+    for device, allowed, min_passing in (
+        ("cpu", [*CURRENT_OUT_OF_SCOPE.values(), NEEDS_CUDA], MIN_PASSING_CURRENT),
+        ("cuda", list(CURRENT_OUT_OF_SCOPE.values()), MIN_PASSING_CURRENT_ON_CUDA),
+    ):
+        num_passing, failing = _in_scope_failures(outcomes[device], allowed)
+        assert num_passing >= min_passing, (device, failing)
+        # in scope: those that start plus those refused by no out-of-scope feature's name
+        shares[device] = (num_passing, num_passing + len(failing))
+    short = {d: f"{n} of {m}" for d, (n, m) in shares.items() if n < MIN_IN_SCOPE_SHARE * m}
+    if short:
+        pytest.xfail(f"issue 47's {MIN_IN_SCOPE_SHARE:.0%} of the in-scope scripts not reached yet: {short}")
+
+
+def test_current_release_set_runs_our_entry_points_and_lists_every_script_it_leaves_out():
+    scripts = load_scripts(CURRENT_SCRIPTS_JSON)
+    not_ours = load_not_ours(CURRENT_SCRIPTS_JSON)
+    # every stored script runs one of our trainers, the async trainers' scripts under their own entry points
+    assert {s.entry_point for s in scripts} == set(ENTRY_POINT_CONFIGS)
+    # the January file names none: each runs main_ppo
+    assert {s.entry_point for s in load_scripts(SCRIPTS_JSON)} == {"verl.trainer.main_ppo"}
+    # the left-out scripts (SFT, generation, distillation...) are listed with a reason, none also checked
+    assert not_ours and all(reason for reason in not_ours.values())
+    assert not set(not_ours) & {s.name for s in scripts}
+    assert any(name.startswith("examples/sft/") for name in not_ours)
+
+
+def _extractor():
+    """scripts/verl_compat/extract_script_overrides.py as a module (scripts/ is no package)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "verl_compat" / "extract_script_overrides.py"
+    spec = importlib.util.spec_from_file_location("extract_script_overrides", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_extraction_records_each_scripts_entry_point_and_why_one_is_left_out(tmp_path):
+    extractor = _extractor()
+    root = tmp_path / "x"
+    recorder = root / "record.py"
+    root.mkdir()
+    recorder.write_text(extractor._RECORDER)
+    extractor._write_shims(root / "shims", recorder)
+    scripts = {
+        # verl's async scripts run through ray job submit and uv: the module after -m is the entry point
+        "a.sh": "M=verl.experimental.fully_async_policy.fully_async_main\nray job submit -- uv run python -m $M "
+        "--config-path=config --config-name=x.yaml data.train_batch_size=0 trainer.n_gpus_per_node=$((2 * 4))\n",
+        "b.sh": "torchrun --nproc_per_node=8 -m verl.trainer.sft_trainer model.path=m\n",
+        "c.sh": "python3 -m verl.trainer.main_ppo distillation.enabled=True\n",
+        "d.sh": "set -u\necho $UNSET_BY_USER\npython3 -m verl.trainer.main_ppo a=1\n",
+    }
+    records = {
+        name: extractor._record(name, text, extractor.run_script(text, name, root / "repo", root / "shims"))
+        for name, text in scripts.items()
+    }
+    assert records["a.sh"]["entry_point"] == "verl.experimental.fully_async_policy.fully_async_main"
+    assert (records["a.sh"]["config_path"], records["a.sh"]["config_name"]) == ("config", "x.yaml")
+    # the shell expanded the arithmetic: 2 * 4 = 8
+    assert records["a.sh"]["overrides"] == ["data.train_batch_size=0", "trainer.n_gpus_per_node=8"]
+    assert "reason" not in records["a.sh"]
+    assert records["b.sh"]["reason"] == "entry point verl.trainer.sft_trainer is not one of this package's trainers"
+    assert records["c.sh"]["reason"].startswith("on-policy distillation trainer")
+    # bash stopped at an unset variable before the trainer call: listed with bash's message, not dropped
+    assert records["d.sh"]["reason"] == "stops before its trainer call: line 2: UNSET_BY_USER: unbound variable"
+
+
+def test_all_blockers_names_the_override_each_refusal_names():
+    from tests.trainer.verl_scripts.report import blocking_override
+
+    overrides = ("+x.y=1", "trainer.balance_batch=True", "actor_rollout_ref.actor.fsdp_config.fsdp_size=8")
+    # Hydra's refusal quotes the key; ours name key=value
+    assert blocking_override(overrides, "Could not override 'trainer.balance_batch'.") == overrides[1]
+    message = "actor_rollout_ref.actor.fsdp_config.fsdp_size=8: larger than the 1 ranks"
+    assert blocking_override(overrides, message) == overrides[2]
+    assert blocking_override(overrides, "a rule across two keys of no override here") is None
+
+
+def test_all_blockers_report_counts_scripts_that_start_that_are_freed_and_that_are_out_of_scope():
+    from tests.trainer.verl_scripts.report import format_all_blockers
+
+    results = [
+        ("a.sh", [], None),  # starts
+        ("b.sh", [("actor_rollout_ref.actor.megatron.param_offload=True", "...")], None),  # freed
+        ("c.sh", [("actor_rollout_ref.ref.megatron.param_offload=True", "...")], "out of scope: veomni"),
+    ]
+    lines = format_all_blockers(results)
+    # 1 starts as it is; 1 more once its blocker goes; 1 ends at an out-of-scope refusal
+    assert "1 of 3 scripts start; 1 more start once their blocking overrides go; 1 end at an out-of-scope" in lines[4]
+    # both first blockers collapse to the same key (the role prefix goes): 2 scripts
+    assert "  2  *.megatron.param_offload" in lines

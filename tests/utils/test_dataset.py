@@ -143,7 +143,7 @@ def test_loader_epochs_and_shuffle():
 
 def test_loader_shuffles_once_per_epoch_not_once_per_batch(monkeypatch):
     # the shuffle costs O(rows): on a large dataset, once per batch would dominate the step
-    from verl.utils import dataset as dataset_module
+    from verl.utils.dataset import loader as dataset_module
 
     shuffles = []
     real_randperm = torch.randperm

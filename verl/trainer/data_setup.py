@@ -101,7 +101,8 @@ def _drop_overlong(dataset, collate, name: str):
 
 def build_reward_fn(config: PPOConfig, tokenizer):
     """The reward manager, with the custom scoring function named by ``reward_model.custom_score_fn`` or by
-    verl's ``custom_reward_function.path`` / ``.name`` (at most one of them is set)."""
+    verl's ``custom_reward_function.path`` / ``.name`` (at most one of them is set). verl's ``reward.*`` keys arrive
+    here folded into these (:mod:`verl.workers.config.reward`): one path for both spellings."""
     from verl.workers.reward_manager import get_reward_manager_cls, load_custom_score_fn
     from verl.workers.reward_manager.registry import load_custom_reward_function
 

@@ -54,6 +54,7 @@ from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names sin
     shutdown_groups,
     start_ray,
     worker_classes,
+    write_timeline,
 )
 from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
 from verl.workers.config import ComposedConfig, PPOConfig, compose_with_defaults
@@ -304,19 +305,25 @@ def _train(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) 
         if signals is None or signals.stopped_at_once is None:
             raise
         return _stopped_at_once(signals.stopped_at_once, typed, attempts)
+    finally:
+        write_timeline(typed)  # verl's ray_kwargs.timeline_json_file, whatever the outcome
 
 
 def _resolve_plan(typed: PPOConfig, plan: RunPlan) -> RunPlan:
-    """The run plan with ``trainer.device=auto`` resolved on the cluster Ray runs (its GPUs, else the CPU), logged
-    as one block: the plan the workers get and each checkpoint saves.
+    """The run plan with its device decided on the cluster Ray runs (:func:`~verl.workers.config.plan.resolve_device`:
+    ``auto`` is the GPUs when there is one for every rank, the CPU when there is none), the one line that says
+    where the run trains, and the plan logged as one block: the plan the workers get and each checkpoint saves.
 
     Raises:
-        ValueError: a setting the resolved device cannot run (megatron-core's optimizer without CUDA).
+        ValueError: ``cuda`` (asked for, or ``auto`` on a cluster with GPUs) without a GPU for every rank; a setting
+            the resolved device cannot run (megatron-core's optimizer without CUDA).
     """
-    if plan.device == "auto":
-        from verl.trainer.ray_setup import _cluster_has_gpus
+    from verl.trainer.ray_setup import cluster_gpus
+    from verl.workers.config.plan import device_summary
 
-        plan = resolve_device(plan, typed, _cluster_has_gpus())
+    gpus = cluster_gpus()
+    plan = resolve_device(plan, typed, gpus)
+    logger.info("%s", device_summary(plan, typed, gpus))
     logger.info("run plan (derived from the config; saved as run_plan.json in each checkpoint):\n%s", plan.describe())
     return plan
 
@@ -559,8 +566,13 @@ def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name
 def _explain_override_error(overrides: Sequence[str], hydra_message: str) -> str | None:
     """Our message for the override Hydra refused (the one its message quotes) when that key is renamed or names a
     verl feature we lack; None otherwise, so that Hydra's own message names the key it refused."""
+    from verl.workers.config.out_of_scope import override_message
     from verl.workers.config.schema import known_key_message
 
+    for override in overrides:
+        refused = override_message(override)  # a verl feature out of scope here, named (not Hydra's key error)
+        if refused is not None:
+            return refused
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         message = known_key_message(key)

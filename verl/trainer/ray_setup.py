@@ -1,10 +1,12 @@
 """Ray and the worker groups of a run: joining or starting Ray, and placing and starting the actor and critic groups.
 
-:func:`start_ray` starts a local Ray instance or joins the cluster at ``ray_init.address``; :func:`worker_classes`
-is the one place a backend's worker classes are chosen; :func:`build_worker_groups` places ``trainer.nnodes`` x
-``trainer.n_gpus_per_node`` ranks (:func:`cpus_per_worker` sizes their CPU share from the cluster's nodes) and
-starts the groups on them; :func:`shutdown_groups` kills them. ``verl.trainer.main_ppo`` calls these once per
-attempt (again after a worker died) and re-exports them under its own name.
+:func:`start_ray` starts a local Ray instance or joins the cluster at ``ray_init.address``, with verl's
+``ray_kwargs.ray_init`` (:func:`ray_init_kwargs`); :func:`cluster_gpus` is what the run's device is decided on;
+:func:`write_timeline` writes Ray's timeline after training (``ray_kwargs.timeline_json_file``);
+:func:`worker_classes` is the one place a backend's worker classes are chosen; :func:`build_worker_groups` places
+``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks (:func:`cpus_per_worker` sizes their CPU share from the
+cluster's nodes) and starts the groups on them; :func:`shutdown_groups` kills them. ``verl.trainer.main_ppo`` calls
+these once per attempt (again after a worker died) and re-exports them under its own name.
 """
 
 from __future__ import annotations
@@ -23,49 +25,32 @@ logger = logging.getLogger(__name__)
 
 
 def start_ray(config: PPOConfig) -> None:
-    """A local Ray instance, or the cluster at ``ray_init.address`` (``auto``: the one this machine belongs to).
+    """A local Ray instance, or the cluster at ``ray_init.address`` (``auto``: the one this machine belongs to), with
+    verl's ``ray_kwargs.ray_init`` passed to ``ray.init`` (:func:`~verl.workers.config.ray_kwargs.merged_ray_init`:
+    the user's runtime environment over this project's, the user's other arguments over this project's).
 
     Raises:
-        ValueError: ``ray_init.num_cpus`` given with an address, or no cluster to join at that address.
+        ValueError: ``num_cpus`` given with an address, a ``runtime_env.py_executable`` whose command is not on
+            this machine, an argument ``ray.init`` refuses, or no cluster to join at that address.
     """
     import ray
 
-    from verl.utils.cpu_linear import primitive_cache_env
-
     if ray.is_initialized():
         return
-    address, num_cpus = config.ray_init.address, config.ray_init.num_cpus
-    if address is not None and num_cpus is not None:
-        raise ValueError(
-            f"ray_init.num_cpus={num_cpus} sizes a local Ray instance, but ray_init.address={address!r} joins a "
-            "cluster whose nodes were sized by `ray start --num-cpus`; set ray_init.num_cpus=null."
-        )
-    repo_root = str(Path(__file__).resolve().parents[2])
-    pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
-    # the node's cores split evenly over every worker process placed on it (actor, critic, reward model, rollout)
-    threads = threads_per_process(os.cpu_count() or 1, processes_per_node(config))
-    # Ray starts its workers at niceness 15, so that its own daemons stay responsive; our workers do the training,
-    # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
-    # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
-    # sets it when it starts (`RAY_worker_niceness=0 ray start ...`, docs/start/multinode.md).
-    cache_env = primitive_cache_env()  # bounds oneDNN's kernel caches in the workers (verl.utils.cpu_linear)
-    local_only = {"_system_config": {"worker_niceness": 0}} if address is None else {}
+    kwargs = ray_init_kwargs(config)
+    address = kwargs["address"]
     try:
-        ray.init(
-            # null means a local instance of our own, even when this machine runs a cluster (`ray start`)
-            address="local" if address is None else address,
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads), **cache_env}},
-            **local_only,
-        )
+        ray.init(**{**kwargs, "address": "local" if address is None else address})
     except ConnectionError as err:
         raise ValueError(
             f"ray_init.address={address!r}: no Ray cluster to join ({str(err).splitlines()[0]}). Start one with "
             "`ray start --head` (docs/start/multinode.md), give its address, or set ray_init.address=null for a "
             "local instance."
         ) from None
+    except (TypeError, RuntimeError) as err:  # an argument ray.init takes by name but refuses in this combination
+        if ray.is_initialized():
+            raise
+        raise ValueError(f"ray.init refused ray_kwargs.ray_init ({kwargs}): {err}") from None
     if address is not None:
         nodes = [node for node in ray.nodes() if node.get("Alive")]
         total = ray.cluster_resources()
@@ -76,6 +61,114 @@ def start_ray(config: PPOConfig) -> None:
             total.get("CPU", 0),
             total.get("GPU", 0),
         )
+
+
+def ray_init_kwargs(config: PPOConfig) -> dict[str, Any]:
+    """The keyword arguments of ``ray.init`` for ``config`` (``address`` None: a local instance of our own, even
+    when this machine runs a cluster), before ``address`` is spelt as Ray wants it.
+
+    Raises:
+        ValueError: ``num_cpus`` with an address; a ``py_executable`` command not found for a local instance.
+    """
+    from verl.utils.cpu_linear import primitive_cache_env
+    from verl.workers.config.ray_kwargs import merged_ray_init, runtime_env_over, source_key
+
+    ray_kwargs = config.ray_kwargs
+    user = merged_ray_init(config.ray_init, ray_kwargs)
+    address, num_cpus = user["address"], user["num_cpus"]
+    if address is not None and num_cpus is not None:
+        raise ValueError(
+            f"{source_key(config.ray_init, ray_kwargs, 'num_cpus')}={num_cpus} sizes a local Ray instance, "
+            f"but ray_init.address={address!r} joins a cluster whose nodes were sized by `ray start --num-cpus`; set "
+            "ray_init.num_cpus=null."
+        )
+    repo_root = str(Path(__file__).resolve().parents[2])
+    pythonpath = os.pathsep.join(p for p in (repo_root, os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    # the node's cores split evenly over every worker process placed on it (actor, critic, reward model, rollout)
+    threads = threads_per_process(os.cpu_count() or 1, processes_per_node(config))
+    # bounds oneDNN's kernel caches in the workers (verl.utils.cpu_linear)
+    env_vars = {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads), **primitive_cache_env()}
+    runtime_env = runtime_env_over({"env_vars": env_vars}, user.pop("runtime_env", None))
+    if address is None:
+        _check_py_executable(runtime_env.get("py_executable"))
+    # Ray starts its workers at niceness 15, so that its own daemons stay responsive; our workers do the training,
+    # and at low priority every bit of other load on a busy node preempts their compute threads (measured on 2 CPU
+    # cores: a 10M-parameter GRPO step took 15-20% longer). A local instance gets normal priority here; a cluster
+    # sets it when it starts (`RAY_worker_niceness=0 ray start ...`, docs/start/multinode.md).
+    system_config = {"worker_niceness": 0} if address is None else {}
+    system_config.update(user.pop("_system_config", None) or {})
+    ours = {"include_dashboard": False, "log_to_driver": True, "runtime_env": runtime_env}
+    if system_config:
+        ours["_system_config"] = system_config
+    return {**ours, **user, "runtime_env": runtime_env}
+
+
+def _check_py_executable(executable: str | None) -> None:
+    """A ``runtime_env.py_executable`` for a local instance must start with a command found on this machine, and a
+    ``uv run`` prefix must be one that can start here (:func:`_uv_run_problem`)."""
+    import shlex
+    import shutil
+
+    if executable is None:
+        return
+    words = shlex.split(executable)
+    problem = f"{words[0]!r} is not found on this machine" if shutil.which(words[0]) is None else None
+    problem = problem or _uv_run_problem(words, Path.cwd())
+    if problem is not None:
+        raise ValueError(
+            f"ray_kwargs.ray_init.runtime_env.py_executable={executable!r}: {problem}, so no worker could start. "
+            "Fix that, or set ray_kwargs.ray_init.runtime_env.py_executable=null to start the workers with this "
+            "Python (verl's scripts set a `uv run` prefix for verl's own uv project and its extras)."
+        )
+
+
+def _uv_run_problem(words: list[str], cwd: Path) -> str | None:
+    """Why ``uv ... run ...`` (``words``) cannot start a worker from ``cwd``, or None: uv runs in the project of the
+    nearest ``pyproject.toml`` at or above the working directory, each ``--extra`` must be one of its optional
+    dependency groups (checked where Python has ``tomllib``, 3.11 on), and ``--frozen`` / ``--locked`` need its
+    ``uv.lock``. Any other command is left to Ray."""
+    import re
+
+    if Path(words[0]).name != "uv" or "run" not in words:
+        return None
+    options = words[words.index("run") + 1 :]
+    project = next((d for d in (cwd, *cwd.parents) if (d / "pyproject.toml").is_file()), None)
+    if project is None:
+        return f"`uv run` finds no pyproject.toml in {cwd} or above"
+    if any(o in ("--frozen", "--locked") for o in options) and not (project / "uv.lock").is_file():
+        return f"`uv run --frozen` / `--locked` needs {project / 'uv.lock'}, which does not exist"
+
+    def normalized(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    asked = [options[i + 1] for i, o in enumerate(options[:-1]) if o == "--extra"]
+    asked += [o.split("=", 1)[1] for o in options if o.startswith("--extra=")]
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the extras are left to uv
+        return None
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    extras = sorted(pyproject.get("project", {}).get("optional-dependencies", {}))
+    missing = [extra for extra in asked if normalized(extra) not in {normalized(e) for e in extras}]
+    if missing:
+        return f"{project / 'pyproject.toml'} has no extra {', '.join(missing)} (its extras: {', '.join(extras)})"
+    return None
+
+
+def write_timeline(config: PPOConfig) -> None:
+    """Ray's timeline of the run's tasks and actors to ``ray_kwargs.timeline_json_file`` (verl's profiling trace,
+    Chrome trace format), once training is over; nothing when it is null or Ray is not running."""
+    import ray
+
+    path = config.ray_kwargs.timeline_json_file
+    if path is None or not ray.is_initialized():
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        ray.timeline(filename=path)
+        logger.info("Ray timeline written to %s (ray_kwargs.timeline_json_file)", path)
+    except Exception as err:  # a trace must never hide the run's own outcome
+        logger.warning("could not write the Ray timeline to %s: %s", path, err)
 
 
 def worker_classes(strategy: str):
@@ -166,7 +259,7 @@ def build_worker_groups(config: PPOConfig, plan: RunPlan) -> WorkerGroups:
     """
     from verl.single_controller import PlacementError
 
-    use_gpu = plan.device == "cuda" or (plan.device == "auto" and _cluster_has_gpus())
+    use_gpu = plan.device == "cuda" or (plan.device == "auto" and cluster_gpus() > 0)  # main_ppo resolves it first
     pool, rollout_pool = _resource_pools(config, use_gpu)
     started: list = []
     timeout_s = config.trainer.collective_timeout_s
@@ -305,7 +398,11 @@ def shutdown_groups(*groups) -> None:
             group.shutdown()
 
 
-def _cluster_has_gpus() -> bool:
+def cluster_gpus() -> int:
+    """The whole GPUs of the Ray cluster this process is connected to (0 without any, and 0 when it is connected to
+    none: a caller that replaced :func:`start_ray`, as the tests of the training loop do)."""
     import ray
 
-    return ray.cluster_resources().get("GPU", 0) > 0
+    if not ray.is_initialized():
+        return 0
+    return int(ray.cluster_resources().get("GPU", 0))

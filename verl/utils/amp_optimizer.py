@@ -55,9 +55,13 @@ class OptimConfig(Protocol):
 
     def loss_scale(self) -> LossScaleConfig: ...
 
+    def floor_ratio(self) -> float: ...
+
     def scheduler_name(self) -> str: ...
 
     def num_warmup_steps(self, total_training_steps: int) -> int: ...
+
+    def decay_steps(self, total_training_steps: int) -> int: ...
 
 
 class DynamicLossScale:
@@ -305,8 +309,8 @@ def build_scheduler(torch_optimizer: torch.optim.Optimizer, optim: OptimConfig, 
         torch_optimizer,
         optim.scheduler_name(),
         num_warmup_steps=optim.num_warmup_steps(total_training_steps),
-        num_training_steps=max(total_training_steps, 1),
-        min_lr_ratio=optim.min_lr_ratio,
+        num_training_steps=max(optim.decay_steps(total_training_steps), 1),
+        min_lr_ratio=optim.floor_ratio(),
     )
 
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
-YAML = Path(__file__).resolve().parents[3] / "verl" / "trainer" / "config" / "ppo_trainer.yaml"
+# the actor section's component file (ppo_trainer.yaml composes it at actor_rollout_ref.actor)
+YAML = Path(__file__).resolve().parents[3] / "verl" / "trainer" / "config" / "actor" / "actor.yaml"
 # the actor keys the policy losses read (besides the policy_loss section)
 LOSS_KEYS = (
     "clip_ratio",
@@ -22,7 +23,7 @@ LOSS_KEYS = (
 
 @functools.lru_cache(maxsize=1)
 def _yaml_actor() -> dict:
-    return OmegaConf.to_container(OmegaConf.load(YAML).actor_rollout_ref.actor, resolve=False)
+    return OmegaConf.to_container(OmegaConf.load(YAML), resolve=False)
 
 
 def actor_config(**overrides):

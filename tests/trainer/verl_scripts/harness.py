@@ -1,14 +1,18 @@
 """verl's own example scripts, started here: their stored command lines, normalised, and checked as main_ppo does.
 
-``scripts.json`` (next to this module, written by ``scripts/verl_compat/extract_script_overrides.py``) holds each of
-verl's GRPO/PPO example scripts' ``main_ppo`` command line as bash expands it. :func:`normalise` changes only what a
-user on this machine must change: the model path (the embedded tiny model, :func:`write_model`; a LoRA adapter
-of it where a script starts from one, :func:`write_adapter`; its megatron-core distributed checkpoint where a script
-starts from one, :func:`write_dist_checkpoint`), the data files
-(small parquet files in verl's layout, written from the embedded task by :func:`write_data_files`) and the
-hardware sizes (one node, one device, every model-parallel size 1). :func:`start_up_check` then runs what ``python -m
-verl.trainer.main_ppo``
-checks before Ray starts: ``prepare(parse_command_line(argv, CONFIG_DIR, "ppo_trainer"))``.
+Two sets (:data:`SCRIPT_SETS`), each a JSON file next to this module written by
+``scripts/verl_compat/extract_script_overrides.py``: ``january`` (``scripts.json``, verl b178a3c's GRPO/PPO examples)
+and ``current`` (``scripts_1dda039.json``, every PPO-family example of verl's current release and its experimental
+async trainers' scripts). Each holds each script's trainer command line as bash expands it, and the entry point it
+runs (``verl.trainer.main_ppo`` or one of verl's experimental async trainers, :data:`ENTRY_POINT_CONFIGS`).
+
+:func:`normalise` changes only what a user on this machine must change: the model path (the embedded tiny model,
+:func:`write_model`; a LoRA adapter of it where a script starts from one, :func:`write_adapter`; its megatron-core
+distributed checkpoint where a script starts from one, :func:`write_dist_checkpoint`), the data files (small parquet
+files in verl's layout, written from the embedded task by :func:`write_data_files`), the hardware sizes (one
+node, one device, every model-parallel size 1) and a ``uv run`` prefix of the workers' Python (verl's uv project is
+not here). :func:`start_up_check` then runs what ``python -m <entry point>``
+checks before Ray starts: ``prepare(parse_command_line(argv, CONFIG_DIR, <the entry point's config>))``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SCRIPTS_JSON = Path(__file__).with_name("scripts.json")
+CURRENT_SCRIPTS_JSON = Path(__file__).with_name("scripts_1dda039.json")
+SCRIPT_SETS = {"january": SCRIPTS_JSON, "current": CURRENT_SCRIPTS_JSON}
+# The entry points of the stored scripts -> the config each composes when the script names none (each module's own).
+ENTRY_POINT_CONFIGS = {
+    "verl.trainer.main_ppo": "ppo_trainer",
+    "verl.experimental.fully_async_policy.fully_async_main": "fully_async_ppo_trainer",
+    "verl.experimental.one_step_off_policy.main_ppo": "one_step_off_ppo_trainer",
+}
 TINY_MODEL = Path(__file__).resolve().parents[3] / "verl" / "models" / "tiny"
 # The scripts' model, on this machine: the embedded tiny model with its 64 hidden units read as 2 attention heads of
 # 32 (1 key-value head) instead of 4 of 16, and a context as long as the longest script's prompt + response. The
@@ -31,7 +43,12 @@ _MODEL_CONFIG_CHANGES = {"num_attention_heads": 2, "num_key_value_heads": 1, "ma
 NUM_TRAIN_ROWS, NUM_VAL_ROWS = 4096, 64
 N_GPUS_PER_NODE = 1
 # Keys whose value is a model directory (the last part of the key path).
-_MODEL_PATH_KEYS = ("actor_rollout_ref.model.path", "critic.model.path", "reward_model.model.path")
+_MODEL_PATH_KEYS = (
+    "actor_rollout_ref.model.path",
+    "critic.model.path",
+    "reward_model.model.path",
+    "reward.reward_model.model_path",  # verl's current reward section
+)
 # A LoRA adapter to start from is part of the model a user brings: the scripts' adapter is one for the scripts' model.
 _ADAPTER_PATH_KEY = "actor_rollout_ref.model.lora_adapter_path"
 # The megatron form of a model a script starts from (use_dist_checkpointing): the last part of the key.
@@ -48,8 +65,31 @@ _PARALLEL_SIZES = {
     "ulysses_sequence_parallel_size": "1",
     "data_parallel_size": "1",
     "expert_parallel_size": "1",
+    "moe_tensor_parallel_size": "1",
+    "fsdp_size": "-1",  # -1: every rank (verl's default); a script's 8 or 16 ranks do not fit one device
+    "ulysses_parallel_size": "1",
+    "fully_shard_parallel_size": "1",
 }
 _HARDWARE = {"trainer.nnodes": "1", "trainer.n_gpus_per_node": str(N_GPUS_PER_NODE)}
+# The separate rollout group of verl's async trainers (set by their scripts only): one node of one device too.
+_ROLLOUT_GROUP = {"rollout.nnodes": "1", "rollout.n_gpus_per_node": str(N_GPUS_PER_NODE)}
+# The out-of-scope features a refusal may name (a regex each): January's, and the one wording of every refusal of
+# verl/workers/config/out_of_scope.py (verl's current release's features this project leaves out).
+OUT_OF_SCOPE = {
+    "SGLang": r"SGLang",
+    "TensorRT-LLM": r"TensorRT-LLM",
+    "NPU profilers": r"Ascend NPU",
+    "multimodal": r"multimodal|vision",
+    "sandbox services": r"sandbox",
+    # verl's PRIME reward manager (its sandbox script's; docs/start/from_verl.md: not available here)
+    "the prime reward manager": r"reward_manager(\.name)?='prime' is not supported",
+}
+CURRENT_OUT_OF_SCOPE = {**OUT_OF_SCOPE, "verl 1dda039's features left out here": r"which is out of scope here"}
+# What this machine lacks: a CUDA-only path (trainer.device=cpu) is refused at start-up.
+NEEDS_CUDA = r"needs CUDA|\(CUDA only\)"
+# The Python the workers start with: verl's scripts give a ``uv run`` prefix for verl's own uv project and its
+# extras, which a user of this package (installed in the Python that runs the trainer) sets to null.
+_PY_EXECUTABLE_KEY = "ray_kwargs.ray_init.runtime_env.py_executable"
 # A LoRA rank must fit the model: the scripts' model's narrowest projection (k_proj, 64 -> 32) takes rank 32 at most,
 # where the scripts' 7B models take their rank 64.
 MAX_LORA_RANK = 32
@@ -65,9 +105,15 @@ class Script:
     config_path: str | None
     config_name: str | None
     overrides: tuple[str, ...]
+    entry_point: str = "verl.trainer.main_ppo"
+
+    @property
+    def default_config_name(self) -> str:
+        """The config the entry point composes when the command line names none."""
+        return ENTRY_POINT_CONFIGS[self.entry_point]
 
     def argv(self, overrides: tuple[str, ...] | None = None) -> list[str]:
-        """The command line after ``python -m verl.trainer.main_ppo`` (with ``overrides`` instead, if given)."""
+        """The command line after ``python -m <entry point>`` (with ``overrides`` instead, if given)."""
         head = []
         if self.config_path is not None:
             head.append(f"--config-path={self.config_path}")
@@ -77,9 +123,24 @@ class Script:
 
 
 def load_scripts(path: Path = SCRIPTS_JSON) -> list[Script]:
-    """The stored scripts, in the order of the file."""
+    """The stored scripts this package's trainers run, in the order of the file (January's name no entry point:
+    each runs ``verl.trainer.main_ppo``)."""
     payload = json.loads(path.read_text())
-    return [Script(r["script"], r["config_path"], r["config_name"], tuple(r["overrides"])) for r in payload["scripts"]]
+    return [
+        Script(
+            r["script"],
+            r["config_path"],
+            r["config_name"],
+            tuple(r["overrides"]),
+            r.get("entry_point", "verl.trainer.main_ppo"),
+        )
+        for r in payload["scripts"]
+    ]
+
+
+def load_not_ours(path: Path) -> dict[str, str]:
+    """The stored scripts left out of the check: {script: why} (another trainer's, or stopped before its call)."""
+    return {r["script"]: r["reason"] for r in json.loads(path.read_text()).get("not_ours", [])}
 
 
 def write_data_files(directory: Path) -> dict[str, str]:
@@ -176,7 +237,8 @@ def _num_files(value: str) -> int:
 
 def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, ...]:
     """The overrides with only the model path, the data files and the hardware sizes changed for this machine
-    (``inputs``: :func:`write_inputs`), and a LoRA rank cut to what the model's layers take (``MAX_LORA_RANK``)."""
+    (``inputs``: :func:`write_inputs`), a LoRA rank cut to what the model's layers take (``MAX_LORA_RANK``) and a
+    ``uv run`` prefix of the workers' Python dropped (:data:`_PY_EXECUTABLE_KEY`)."""
     out, seen = [], set()
     for override in overrides:
         key, eq, value = override.partition("=")
@@ -194,10 +256,14 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
             value = path if count == 1 and not value.strip().startswith("[") else "[" + ",".join([path] * count) + "]"
         elif eq and bare in _HARDWARE:
             value = _HARDWARE[bare]
+        elif eq and bare in _ROLLOUT_GROUP:
+            value = _ROLLOUT_GROUP[bare]
         elif eq and last in _PARALLEL_SIZES:
             value = _PARALLEL_SIZES[last]
         elif eq and bare in _LORA_RANK_KEYS and value.isdigit():
             value = str(min(int(value), MAX_LORA_RANK))
+        elif eq and bare == _PY_EXECUTABLE_KEY and value.strip("'\"").startswith("uv "):
+            value = "null"
         seen.add(bare)
         out.append(f"{key}{eq}{value}" if eq else override)
     out += [f"{key}={value}" for key, value in _HARDWARE.items() if key not in seen]
@@ -217,7 +283,8 @@ def start_up_outcomes(script: Script, inputs: dict[str, str], devices: tuple[str
     from verl.workers.config.loading import ComposedConfig
 
     try:
-        composed = parse_command_line(script.argv(normalise(script.overrides, inputs)), CONFIG_DIR, "ppo_trainer")
+        argv = script.argv(normalise(script.overrides, inputs))
+        composed = parse_command_line(argv, CONFIG_DIR, script.default_config_name)
     except ValueError as err:
         return dict.fromkeys(devices, str(err))
     outcomes: dict[str, str | None] = {}
@@ -242,4 +309,4 @@ def start_up_check(script: Script, inputs: dict[str, str], extra: tuple[str, ...
     from verl.trainer.main_ppo import CONFIG_DIR, parse_command_line, prepare
 
     argv = script.argv(normalise(script.overrides, inputs) + tuple(extra))
-    prepare(parse_command_line(argv, CONFIG_DIR, "ppo_trainer"))
+    prepare(parse_command_line(argv, CONFIG_DIR, script.default_config_name))

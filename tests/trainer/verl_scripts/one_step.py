@@ -1,6 +1,7 @@
-"""One training step of a verl example script on the tiny model: ``python -m tests.trainer.verl_scripts.one_step``
-runs it for every script that passes start-up validation (about 40 minutes on 2 cores; ``--only NAME ...`` for those
-whose path contains a NAME; the test ``tests/trainer/test_verl_scripts_one_step.py`` runs thirteen of them) and prints
+"""One training step of a verl example script on the tiny model: ``python -m tests.trainer.verl_scripts.one_step
+[--set january|current]`` runs it for every script of the set that passes start-up validation (about 40 minutes on 2
+cores for January's; ``--only NAME ...`` for those whose path contains a NAME; the test
+``tests/trainer/test_verl_scripts_one_step.py`` runs thirteen of the two sets) and prints
 one line per script: ``OK`` or the error lines of the run.
 
 The normalised script (:func:`~tests.trainer.verl_scripts.harness.normalise`) is shrunk to a step a 2-core CPU runs
@@ -19,7 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.trainer.verl_scripts.harness import Script, load_scripts, normalise, start_up_check, write_inputs
+from tests.trainer.verl_scripts.harness import (
+    SCRIPT_SETS,
+    Script,
+    load_scripts,
+    normalise,
+    start_up_check,
+    write_inputs,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 # The sizes of one small step (on top of the normalised script).
@@ -56,7 +64,7 @@ def run_one_step(
     timeout_s: float = 600,
     extra: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """``python -m verl.trainer.main_ppo`` with the script's normalised command line, :data:`SMALL_STEP` and then
+    """``python -m <the script's entry point>`` with its normalised command line, :data:`SMALL_STEP` and then
     ``extra``, writing to ``out_dir``; the finished process, its output captured."""
     # a key the script sets with '+' (it is absent from verl's config) keeps its '+'; ours are plain overrides of
     # keys the config has, so only those the script does not set are added, and the ones it sets are replaced
@@ -65,7 +73,7 @@ def run_one_step(
     argv = script.argv(tuple(kept) + SMALL_STEP + tuple(extra) + (f"trainer.default_local_dir={out_dir}",))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
     return subprocess.run(
-        [sys.executable, "-m", "verl.trainer.main_ppo", *argv],
+        [sys.executable, "-m", script.entry_point, *argv],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -78,12 +86,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="also write the lines to this file")
     parser.add_argument("--only", nargs="+", default=None, help="run only the scripts whose path contains one of these")
+    parser.add_argument("--set", choices=sorted(SCRIPT_SETS), default="january", help="which stored scripts")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     lines = []
     with tempfile.TemporaryDirectory(prefix="verl_scripts_one_step_") as tmp:
         inputs = write_inputs(Path(tmp) / "inputs")
-        for number, script in enumerate(load_scripts()):
+        for number, script in enumerate(load_scripts(SCRIPT_SETS[args.set])):
             if args.only and not any(part in script.name for part in args.only):
                 continue
             try:

@@ -69,14 +69,16 @@ def test_composition_leaves_hydra_uninitialised_when_it_was():
 
 
 def test_composition_touches_no_private_hydra_state():
-    """Hydra is driven through its public API: nothing in loading.py names Hydra's singleton registry or its
-    private modules (the test of the state it leaves is above)."""
+    """Hydra is driven through its public API: nothing in loading.py or composition.py (where Hydra runs) names
+    Hydra's singleton registry or its private modules (the test of the state it leaves is above)."""
     import inspect
 
-    from verl.workers.config import loading
+    from verl.workers.config import composition, loading
 
-    source = inspect.getsource(loading)
-    assert "Singleton" not in source and "_instances" not in source and "hydra._internal" not in source
+    for module in (loading, composition):
+        source = inspect.getsource(module)
+        assert "Singleton" not in source and "_instances" not in source and "hydra._internal" not in source
+    assert "initialize_config_dir" in inspect.getsource(composition)  # the module read is the one that runs Hydra
 
 
 def test_inert_setting_is_refused_on_the_command_line(monkeypatch, caplog):

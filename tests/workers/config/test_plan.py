@@ -30,7 +30,8 @@ def test_the_embedded_runs_plan_by_hand(default_config):
     plan = build_run_plan(default_config, num_train_prompts=960)
     assert isinstance(plan, RunPlan)
     assert (plan.train_batch_size, plan.total_training_steps, plan.total_epochs, plan.test_freq) == (16, 60, 1, 10)
-    assert (plan.device, plan.world_size) == ("cpu", 1)
+    # trainer.device is auto by default: decided once Ray starts, on the cluster's GPUs (test_plan_device.py)
+    assert (plan.device, plan.world_size) == ("auto", 1)
     assert plan.roles == ("actor", "rollout")
     assert not (plan.needs_reference or plan.needs_critic or plan.computes_old_log_prob)
     assert plan.critic_strategy is None and plan.megatron_optimizer == {}
@@ -78,11 +79,11 @@ def test_auto_device_is_resolved_once_on_the_clusters_gpus():
     config = compose_ppo_config(["trainer.device=auto"])
     before_ray = build_run_plan(config)
     assert before_ray.device == "auto"
-    assert resolve_device(before_ray, config, cluster_has_gpus=True).device == "cuda"
-    on_cpu = resolve_device(before_ray, config, cluster_has_gpus=False)
+    assert resolve_device(before_ray, config, cluster_gpus=1).device == "cuda"  # one rank, one GPU
+    on_cpu = resolve_device(before_ray, config, cluster_gpus=0)
     assert on_cpu == dataclasses.replace(before_ray, device="cpu")  # nothing else changes
-    # a device given in the config stays as given, whatever the cluster has
-    assert resolve_device(on_cpu, config, cluster_has_gpus=True).device == "cpu"
+    # a plan whose device is cpu stays as it is, whatever the cluster has
+    assert resolve_device(on_cpu, config, cluster_gpus=1).device == "cpu"
 
 
 def test_the_megatron_optimizer_follows_the_resolved_device():
@@ -90,8 +91,8 @@ def test_the_megatron_optimizer_follows_the_resolved_device():
     before_ray = build_run_plan(config)
     assert before_ray.megatron_optimizer == {"actor": None}  # decided with the device
     # use_megatron_optimizer=auto: megatron-core's optimizer on CUDA, the torch.optim adapter on CPU
-    assert resolve_device(before_ray, config, cluster_has_gpus=True).megatron_optimizer == {"actor": True}
-    assert resolve_device(before_ray, config, cluster_has_gpus=False).megatron_optimizer == {"actor": False}
+    assert resolve_device(before_ray, config, cluster_gpus=1).megatron_optimizer == {"actor": True}
+    assert resolve_device(before_ray, config, cluster_gpus=0).megatron_optimizer == {"actor": False}
 
 
 def test_a_single_logger_becomes_a_list_while_the_section_is_built():

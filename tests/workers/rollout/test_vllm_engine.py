@@ -136,9 +136,17 @@ def test_check_accepts_a_model_the_cpu_kernels_take(model_dir):
             ["actor_rollout_ref.rollout.max_model_len=12"],
             r"= 16 tokens is longer than actor_rollout_ref.rollout.max_model_len=12",
         ),
+        # verl's scripts give the context as engine_kwargs.vllm.max_model_len too: it is checked as max_model_len is
         (
             ["+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=12"],
-            r"engine_kwargs.vllm.max_model_len is set from actor_rollout_ref.rollout.max_model_len",
+            r"= 16 tokens is longer than actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=12",
+        ),
+        (
+            [
+                "actor_rollout_ref.rollout.max_model_len=32",
+                "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=24",
+            ],
+            r"engine_kwargs.vllm.max_model_len=24 disagrees with actor_rollout_ref.rollout.max_model_len=32",
         ),
         (
             ["+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32"],

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from verl.protocol import DataProto
+from verl.trainer.ppo.balance import actor_data_parallel_size, balance_batch
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
 from verl.trainer.ppo.dynamic_sampling import keep_informative_groups
 from verl.trainer.ppo.metric_utils import (
@@ -33,7 +34,8 @@ from verl.trainer.ppo.metric_utils import (
 )
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
-from verl.trainer.ppo.rollout_source import AsyncRollout, ColocatedRollout
+from verl.trainer.ppo.rollout_source import AsyncRollout
+from verl.trainer.ppo.skip_rollout import colocated_rollout
 from verl.trainer.ppo.trainer_checkpoints import CheckpointMixin
 from verl.trainer.ppo.trainer_validation import ValidationMixin, decoded_samples  # noqa: F401 (re-exported)
 from verl.trainer.ray_setup import WorkerGroups
@@ -161,9 +163,10 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         self.rollout_source = self._rollout_source()
 
     def _rollout_source(self):
-        """Where the steps' samples come from: the actor workers, or the rollout group of its own."""
+        """Where the steps' samples come from: the actor workers (replayed from dumps on the steps ``skip.rollout``
+        lists), or the rollout group of its own."""
         if not self.groups.has_rollout_group:
-            return ColocatedRollout(self.actor_wg, self.train_loader)
+            return colocated_rollout(self.actor_wg, self.train_loader, self.config, lambda: self.global_step + 1)
         rules = self.config.async_training
         return AsyncRollout(
             self.rollout_wg,
@@ -338,6 +341,8 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
                 batch, cfg.algorithm.filter_groups, self.plan.train_batch_size, generate_more
             )
             metrics.update(filter_metrics)
+        if cfg.trainer.balance_batch:  # as in verl: each data-parallel rank gets about the same number of tokens
+            metrics.update(balance_batch(batch, actor_data_parallel_size(cfg)))
         if self.critic_wg is not None:
             with self._timed(timing, "values"):
                 batch = batch.union(self.critic_wg.compute_values(only_keys(batch, VALUE_KEYS)))

@@ -232,10 +232,10 @@ class BasePPOActor(UpdateLoop):
 
     def _entropy_options(self) -> dict[str, bool]:
         """How the plain (logits) path computes the entropy: ``actor.entropy_from_logits_with_chunking`` and
-        ``actor.entropy_checkpointing``."""
+        ``actor.entropy_checkpointing`` (or verl's ``actor.fsdp_config.entropy_checkpointing``)."""
         return {
             "entropy_chunking": self.config.entropy_from_logits_with_chunking,
-            "entropy_checkpointing": self.config.entropy_checkpointing,
+            "entropy_checkpointing": self.config.checkpoints_entropy,
         }
 
     def _loss_from_log_probs(self, micro: DataProto, log_prob, entropy) -> tuple[torch.Tensor, dict[str, float]]:

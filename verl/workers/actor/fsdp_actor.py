@@ -42,6 +42,7 @@ from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.actor.update_loop import TORCH_DTYPES, build_loop_parts
 from verl.workers.config import ActorConfig
 from verl.workers.config.precision import FSDPPrecision, fsdp_precision
+from verl.workers.config.roles import cpu_offload
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
         mesh=mesh,
         dtype=dtype,
         reshard_after_forward=fsdp_config.reshard_after_forward,
-        param_offload=fsdp_config.param_offload,
+        param_offload=cpu_offload(fsdp_config),
         wrap_class_names=wrap_class_names,
         key=key,
         forward_prefetch=fsdp_config.forward_prefetch,
@@ -245,7 +246,7 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
         dtype=dtype,
         total_training_steps=total_training_steps,
         optimizer_offload=fsdp_config.optimizer_offload,
-        param_offload=fsdp_config.param_offload,
+        param_offload=cpu_offload(fsdp_config),
         key=key,
     )
 

@@ -124,3 +124,37 @@ def check_ref_strategy(actor_strategy: str, ref_strategy: str) -> None:
             f"{actor_strategy}: the reference model lives in the actor's worker and runs on its backend. Leave "
             "ref.strategy at its default (the actor's) or set the same value."
         )
+
+
+# Config keys whose value is an open mapping handed on to another library (megatron-core's dataclasses, vllm.LLM, a
+# Hugging Face config, a chat template): verl's scripts add entries with "+key=value", and a plain "key=value" for
+# an entry the YAML does not list is turned into Hydra's "++key=value" (add or replace) by open_mapping_override, so
+# that both spellings work. The entries are checked where they are read (megatron.check_passthrough_keys, the
+# vLLM engine's argument check, the model path check).
+OPEN_MAPPINGS = (
+    ("override_transformer_config",),
+    ("override_ddp_config",),
+    ("override_optimizer_config",),
+    ("override_config",),
+    ("engine_kwargs", "vllm"),
+    ("apply_chat_template_kwargs",),
+)
+
+
+def open_mapping_override(override: str) -> str:
+    """A command-line override, with ``++`` put before a plain ``key=value`` whose key lies inside one of
+    :data:`OPEN_MAPPINGS` (``actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096``): Hydra adds such an
+    entry only when asked to, and the YAML's mapping cannot list every key of the library it feeds. Any other
+    override (a prefixed one, a group choice, a key outside those mappings) is returned as it is."""
+    if override[:1] in "+~" or "=" not in override:
+        return override
+    key = override.split("=", 1)[0]
+    if "@" in key or "/" in key:
+        return override
+    parts = key.split(".")
+    for mapping in OPEN_MAPPINGS:
+        width = len(mapping)
+        # an entry inside the mapping: the mapping's name, then at least one key below it
+        if any(tuple(parts[i : i + width]) == mapping for i in range(len(parts) - width)):
+            return "++" + override
+    return override

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from verl.workers.config.schema import BaseConfig, FieldError, check_int, join_key
+from verl.workers.config.schema import BaseConfig, FieldError, check_int, join_key, refuse_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +83,35 @@ PIPELINE_SPLIT_FIELDS = (
     "pipeline_model_parallel_layout",
 )
 
+# Fields verl's scripts pass into TransformerConfig for Ascend NPUs: MindSpeed's extensions of megatron-core's
+# TransformerConfig (megatron-core itself has no such fields). Off (false / null) they change nothing and are left out
+# (logged); on they are refused with this reason.
+NPU_TRANSFORMER_EXTENSIONS = (
+    "use_flash_attn",
+    "use_naive_l2norm",
+    "use_fused_swiglu",
+    "use_fused_rmsnorm",
+    "use_triton_gdn",
+    "use_ascend_gdn",
+)
+NPU_EXTENSION_REASON = (
+    "a MindSpeed (Ascend NPU) extension of megatron-core's TransformerConfig; NPU hardware and MindSpeed are out of "
+    "scope here, and megatron-core's own TransformerConfig has no such field"
+)
+MEGATRON_FSDP_REASON = (
+    "Megatron-FSDP (megatron-core's ZeRO-3 sharding of the model's parameters) is not built here; "
+    "use_distributed_optimizer shards the optimizer state over the data-parallel ranks"
+)
+REMOVE_PADDING_NOTE = (
+    "the megatron backend here runs padded rows with their attention mask, not verl's packed (thd) sequences; the "
+    "log-probs and the loss are the same either way"
+)
+
 # OptimizerConfig fields the ``optim`` section sets (AdamW, clipping, fp16 loss scale) or the dtype decides.
 OPTIMIZER_FIELDS_FROM_KEYS = {
-    "optimizer": "optim (AdamW)",
+    "optimizer": "optim.optimizer",
     "lr": "optim.lr",
-    "min_lr": "optim.min_lr_ratio",
+    "min_lr": "optim.min_lr (or optim.min_lr_ratio)",
     "weight_decay": "optim.weight_decay",
     "adam_beta1": "optim.betas",
     "adam_beta2": "optim.betas",
@@ -118,6 +142,23 @@ PRECISION_AWARE_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtyp
 
 # DistributedDataParallelConfig fields this package sets itself.
 DDP_FIELDS_FROM_KEYS = {"use_distributed_optimizer": "megatron.use_distributed_optimizer"}
+
+
+def check_npu_extensions(overrides: Any, key: str) -> None:
+    """The MindSpeed (Ascend NPU) fields of ``override_transformer_config``: off is accepted (and left out, logged),
+    on is refused with :data:`NPU_EXTENSION_REASON`.
+
+    Raises:
+        FieldError: one of :data:`NPU_TRANSFORMER_EXTENSIONS` set to a true value.
+    """
+    if not isinstance(overrides, Mapping):
+        return
+    given = {name: overrides[name] for name in NPU_TRANSFORMER_EXTENSIONS if name in overrides}
+    for name, value in given.items():
+        if value:
+            raise FieldError(f"{key}.{name}", f"={value!r} is {NPU_EXTENSION_REASON}. Remove it (or set it to false).")
+    if given:
+        logger.info("%s: %s are off; MindSpeed (NPU) fields, not passed to TransformerConfig", key, sorted(given))
 
 
 def megatron_core_installed() -> bool:
@@ -179,6 +220,27 @@ def check_passthrough_keys(overrides: Any, kind: str, key: str, decided_by: Mapp
 
 
 @dataclasses.dataclass(frozen=True)
+class RouterReplayConfig(BaseConfig):
+    """``megatron.router_replay``: verl's replay of a mixture-of-experts model's routing decisions (R2: recorded in
+    training, R3: recorded in the rollout). The megatron backend here builds dense models, so ``disabled`` only."""
+
+    mode: Literal["disabled", "R2", "R3"]
+    record_file: str | None
+    replay_file: str | None
+
+    def check(self) -> None:
+        if self.mode != "disabled":
+            raise FieldError(
+                "mode",
+                f"={self.mode}: router replay records and replays a mixture-of-experts model's routing; the megatron "
+                "backend here builds dense Llama / Qwen2 models (no experts to route). Set it to disabled.",
+            )
+        for name in ("record_file", "replay_file"):
+            if getattr(self, name) is not None:
+                raise FieldError(name, "is read with a router replay mode only (mode=disabled here); leave it null.")
+
+
+@dataclasses.dataclass(frozen=True)
 class MegatronConfig(BaseConfig):
     """A megatron section: model-parallel layout, training path, offload, checkpoints and pass-throughs.
 
@@ -206,8 +268,17 @@ class MegatronConfig(BaseConfig):
     use_mbridge: bool
     vanilla_mbridge: bool
     use_megatron_optimizer: bool | Literal["auto"]
+    # verl's packed (thd) sequences (true, verl's default) or padded rows (false): see REMOVE_PADDING_NOTE
+    use_remove_padding: bool
+    # verl's engine dtype; null: the role's dtype. Set, it is the role's dtype (ActorConfig / CriticConfig fold it in)
+    dtype: Literal["bfloat16", "float16", "float32"] | None
+    # verl's Megatron-FSDP: false only (MEGATRON_FSDP_REASON)
+    use_megatron_fsdp: bool
+    # verl's router replay of mixture-of-experts models: mode disabled only (RouterReplayConfig)
+    router_replay: RouterReplayConfig
 
     def check(self) -> None:
+        refuse_unavailable(self, "use_megatron_fsdp", MEGATRON_FSDP_REASON)
         check_int(self, "tensor_model_parallel_size", 1)
         check_int(self, "pipeline_model_parallel_size", 1)
         check_int(self, "expert_model_parallel_size", 1)
@@ -268,8 +339,9 @@ class MegatronConfig(BaseConfig):
             raise ValueError(join_key(f"{key}.{err.field}", err.detail)) from None
 
     def _check_passthroughs(self) -> None:
+        check_npu_extensions(self.override_transformer_config, "override_transformer_config")
         transformer = check_passthrough_keys(
-            self.override_transformer_config,
+            self._megatron_core_items(),
             "transformer",
             "override_transformer_config",
             {
@@ -365,8 +437,15 @@ class MegatronConfig(BaseConfig):
             or (device_type != "cuda" and name in CUDA_KERNEL_FUSIONS)
         )
 
+    def _megatron_core_items(self) -> dict[str, Any]:
+        """``override_transformer_config`` without the (off) MindSpeed extensions, which megatron-core lacks."""
+        given = self.override_transformer_config
+        if not isinstance(given, Mapping):
+            return given
+        return {name: value for name, value in given.items() if name not in NPU_TRANSFORMER_EXTENSIONS}
+
     def _transformer_items(self) -> list[tuple[str, Any]]:
-        return list(dict(self.override_transformer_config or {}).items())
+        return list(dict(self._megatron_core_items() or {}).items())
 
     def ddp_overrides(self) -> dict[str, Any]:
         """``DistributedDataParallelConfig`` fields from ``override_ddp_config`` (megatron-core's path, CUDA)."""
@@ -544,6 +623,8 @@ def check_megatron_sections(config: Any) -> None:
         )
     for megatron, key, optim, trainable, has_path in sections:
         megatron.check_passthroughs(f"{key}.megatron")
+        role = config.critic if key == "critic" else arr.actor
+        _check_engine_keys(megatron, key, role.dtype, f"{role.KEY}.dtype")
         uses_megatron = None
         if device is not None:
             megatron.check_device(device, f"{key}.megatron", trainable=trainable)
@@ -557,6 +638,19 @@ def check_megatron_sections(config: Any) -> None:
                 uses_megatron_optimizer=False if not has_path else uses_megatron,
                 device_type=device,
             )
+
+
+def _check_engine_keys(megatron: MegatronConfig, key: str, dtype: str, dtype_key: str) -> None:
+    """verl's engine keys of a megatron section: ``dtype`` where the role did not take it in (the reference, which
+    computes in the actor's dtype; a critic whose strategy follows the actor's): null or the role's dtype;
+    ``use_remove_padding`` (logged: what runs here)."""
+    if megatron.dtype is not None and megatron.dtype != dtype:
+        raise ValueError(
+            f"{key}.megatron.dtype={megatron.dtype} differs from {dtype_key}={dtype}, the dtype this model computes "
+            f"in. Leave it null, or set {dtype_key}."
+        )
+    if megatron.use_remove_padding:
+        logger.info("%s.megatron.use_remove_padding=true: %s", key, REMOVE_PADDING_NOTE)
 
 
 def _refuse_optimizer_overrides(optim: Any, key: str, strategy: str) -> None:

@@ -12,6 +12,9 @@ from typing import Any, Literal
 from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
 
 LR_SCHEDULERS = ("constant", "cosine")
+# verl's names of the optimizer this project runs (torch.optim.AdamW; megatron-core's "adam" is AdamW too, with its
+# default decoupled weight decay), compared case-insensitively
+ADAMW_NAMES = ("adamw", "adam")
 # verl's own keys for the schedule (FSDP optim, its older name, megatron optim): each means optim.lr_scheduler
 VERL_SCHEDULER_KEYS = ("lr_scheduler_type", "warmup_style", "lr_decay_style")
 
@@ -60,6 +63,12 @@ class OptimConfig(BaseConfig):
     warmup_style: str | None
     lr_decay_style: str | None
     min_lr_ratio: float
+    # verl's megatron spelling of the floor of the cosine schedule, as a learning rate (0: none); see floor_ratio()
+    min_lr: float
+    # verl's optimizer name: AdamW (verl's FSDP default) or adam (verl's megatron default, AdamW there too) only
+    optimizer: str
+    # verl's megatron length of the LR decay, in training steps; null: the run's training steps. See decay_steps()
+    lr_decay_steps: int | None
     initial_loss_scale: float
     min_loss_scale: float
     loss_scale_window: int
@@ -77,8 +86,34 @@ class OptimConfig(BaseConfig):
         check_int(self, "lr_warmup_steps", -1)
         check_number(self, "lr_warmup_steps_ratio", 0.0, 1.0)
         check_number(self, "min_lr_ratio", 0.0, 1.0)
+        self._check_optimizer_name()
+        check_int(self, "lr_decay_steps", 1)
+        self.floor_ratio()
         self.scheduler_name()
         self.loss_scale()  # the loss-scale rules hold whatever the dtype: a bad value is a bad config
+
+    def _check_optimizer_name(self) -> None:
+        if str(self.optimizer).lower() not in ADAMW_NAMES:
+            raise FieldError(
+                "optimizer",
+                f"={self.optimizer!r}: this project trains with AdamW only (verl's AdamW / adam); other optimizers "
+                "(verl's torch.optim / megatron-core choices) are not built here. Set it to AdamW.",
+            )
+
+    def floor_ratio(self) -> float:
+        """Where the cosine schedule ends, as a share of ``lr``: ``min_lr_ratio``, or ``min_lr / lr`` when verl's
+        ``min_lr`` is set instead (the two are one setting; both set and disagreeing is refused)."""
+        check_number(self, "min_lr", 0.0, self.lr)
+        if not self.min_lr:
+            return self.min_lr_ratio
+        ratio = self.min_lr / self.lr
+        if self.min_lr_ratio and abs(self.min_lr_ratio - ratio) > 1e-12:
+            raise FieldError(
+                "min_lr",
+                f"={self.min_lr} (a floor of {ratio:g} x lr) disagrees with optim.min_lr_ratio={self.min_lr_ratio}; "
+                "they are one setting (the cosine schedule's floor): set one of them.",
+            )
+        return ratio
 
     def scheduler_name(self) -> str:
         """The schedule after warm-up: ``lr_scheduler``, or the one verl's own key names (the same value)."""
@@ -105,6 +140,11 @@ class OptimConfig(BaseConfig):
         if self.lr_warmup_steps >= 0:
             return self.lr_warmup_steps
         return int(self.lr_warmup_steps_ratio * total_training_steps)
+
+    def decay_steps(self, total_training_steps: int) -> int:
+        """Steps over which the schedule comes down to its floor (warm-up included), after which the LR stays
+        there: verl's ``lr_decay_steps``, or the run's ``total_training_steps`` when it is null."""
+        return total_training_steps if self.lr_decay_steps is None else self.lr_decay_steps
 
     def loss_scale(self) -> LossScaleConfig:
         """The dynamic loss-scale settings of this section."""

@@ -8,11 +8,16 @@ their own config section and the plan, never the whole config.
 
 When each value is known: the sizes and the decisions come from the config alone. The step count needs the number
 of training prompts, so the driver builds the plan once the data is loaded (``num_train_prompts``); without it,
-``total_training_steps`` is what the config says (None: the epochs decide). The device: ``trainer.device`` ``cpu``
-or ``cuda`` is taken as given; ``auto`` stays ``"auto"`` in the plan built before Ray (the megatron optimizer
-choices, which depend on it, are None then) and is resolved once, after Ray starts and the driver sees the
-cluster's GPUs, by :func:`resolve_device` (a ``dataclasses.replace`` of the plan). The plan that is logged, handed to
-the workers and saved is the resolved one.
+``total_training_steps`` is what the config says (None: the epochs decide).
+
+The device (``trainer.device``, ``auto`` by default) is decided once, after Ray starts and the driver sees the
+cluster's GPUs, by :func:`resolve_device` (a ``dataclasses.replace`` of the plan); before that the plan says what
+the config says (``auto``: the megatron optimizer choices, which depend on the device, are None then). The rule:
+``auto`` is ``cuda`` when the cluster has a GPU for every rank the run places (:func:`gpus_needed`), ``cpu`` when
+it has no GPU at all, and an error naming the sizes when it has some GPUs but too few (a run sized for 8 GPUs on a
+machine with 4 is a mistake to fix, not a run to move silently onto CPU processes); ``cuda`` without enough GPUs is
+an error; ``cpu`` is taken as given. :func:`device_summary` is the one start-up line that says which it is. The
+plan that is logged, handed to the workers and saved is the resolved one.
 
 The sizes live one module down (:mod:`verl.workers.config.sizes`, re-exported here), where
 :class:`~verl.workers.config.PPOConfig` checks its cross-key rules on them without importing this module.
@@ -31,6 +36,8 @@ __all__ = [
     "RunPlan",
     "StepSizes",
     "build_run_plan",
+    "device_summary",
+    "gpus_needed",
     "num_training_steps",
     "resolve_device",
     "role_profiler_settings",
@@ -135,26 +142,83 @@ def build_run_plan(config: PPOConfig, *, num_train_prompts: int | None = None) -
     )
 
 
-def resolve_device(plan: RunPlan, config: PPOConfig, cluster_has_gpus: bool) -> RunPlan:
-    """``plan`` with ``trainer.device=auto`` resolved (``cuda`` when the cluster has GPUs, else ``cpu``), and the
-    megatron optimizer choices that depend on it; a plan whose device is already known is returned as it is.
+def gpus_needed(config: PPOConfig) -> int:
+    """The GPUs a CUDA run places, one per rank: ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` (the critic and
+    the reward model share the actor's ranks and their GPUs), plus ``rollout.nnodes`` x ``rollout.n_gpus_per_node``
+    for a rollout group of its own."""
+    return config.world_size + (config.rollout.world_size if config.separate_rollout else 0)
+
+
+def resolve_device(plan: RunPlan, config: PPOConfig, cluster_gpus: int) -> RunPlan:
+    """``plan`` with its device decided on a cluster of ``cluster_gpus`` GPUs (the module's rule), and the megatron
+    optimizer choices that depend on it. ``cpu`` is returned as it is; ``auto`` resolved to ``cpu`` or ``cuda`` has
+    the config's device rules checked again on that device (a CUDA-only setting on CPU processes).
 
     Raises:
-        ValueError: a megatron setting that the resolved device cannot run (megatron-core's optimizer on CPU).
+        ValueError: ``cuda`` (asked for, or ``auto`` on a cluster with GPUs) and fewer GPUs than ranks; a setting
+            that the resolved device cannot run (megatron-core's optimizer on CPU).
     """
-    if plan.device != "auto":
+    requested = plan.device
+    if requested == "cpu":
         return plan
-    device = "cuda" if cluster_has_gpus else "cpu"
+    device = _device_for(requested, gpus_needed(config), int(cluster_gpus), config)
+    if requested == "auto":
+        # the rules that need the device (CUDA-only tools and paths) were left to later while it was auto
+        config.replace(trainer=config.trainer.replace(device=device))
+    return _with_device(plan, config, device)
+
+
+def _device_for(requested: str, needed: int, cluster_gpus: int, config: PPOConfig) -> str:
+    """``cuda`` or ``cpu`` for ``requested`` (``auto`` | ``cuda``) on ``cluster_gpus`` GPUs; see the module."""
+    if requested == "auto" and cluster_gpus == 0:
+        return "cpu"
+    if cluster_gpus >= needed:
+        return "cuda"
+    trainer, rollout = config.trainer, config.rollout
+    sizes = f"trainer.nnodes={trainer.nnodes} x trainer.n_gpus_per_node={trainer.n_gpus_per_node}"
+    if config.separate_rollout:
+        sizes += f" plus rollout.nnodes={rollout.nnodes} x rollout.n_gpus_per_node={rollout.n_gpus_per_node}"
+    if cluster_gpus == 0:
+        raise ValueError(
+            "trainer.device=cuda, but the Ray cluster has no GPU. Set trainer.device=auto (the GPUs where the "
+            "cluster has them, else CPU processes) or trainer.device=cpu."
+        )
+    raise ValueError(
+        f"trainer.device={requested}: the run places {needed} rank(s), one GPU each ({sizes}), but the Ray cluster "
+        f"has {cluster_gpus} GPU(s). Lower those sizes to fit the GPUs, add GPU nodes, or set trainer.device=cpu "
+        "to train on CPU processes (auto never moves a run sized for GPUs onto the CPU by itself)."
+    )
+
+
+def device_summary(plan: RunPlan, config: PPOConfig, cluster_gpus: int) -> str:
+    """The start-up line that says where the run trains: ``training on 8 GPUs``, ``training on 2 CPU processes: no
+    GPU in the cluster`` (``auto``), or ``... : trainer.device=cpu`` (naming the GPUs left unused, if any)."""
+    ranks = gpus_needed(config)
+    if plan.device == "cuda":
+        return f"training on {ranks} GPU{'s' if ranks != 1 else ''}"
+    line = f"training on {ranks} CPU process{'es' if ranks != 1 else ''}: "
+    if config.trainer.device != "cpu":
+        return line + "no GPU in the cluster"
+    unused = f" (the cluster's {int(cluster_gpus)} GPU(s) stay unused)" if cluster_gpus else ""
+    return line + "trainer.device=cpu" + unused
+
+
+def _with_device(plan: RunPlan, config: PPOConfig, device: str) -> RunPlan:
+    """``plan`` on ``device``, with the megatron optimizer choices made for it."""
+    if plan.device == device:
+        return plan
     return dataclasses.replace(plan, device=device, megatron_optimizer=_megatron_optimizers(config, device))
 
 
 def standalone_plan(config: PPOConfig, total_training_steps: int | None = None) -> RunPlan:
     """The plan of a worker built outside a worker group (a test, a script): :func:`build_run_plan`, the device
-    resolved on what this process sees (``auto``: ``cuda`` when torch sees a CUDA device, else ``cpu``), and
-    ``total_training_steps`` when given (None: the config's)."""
+    resolved on what this process sees (``auto``: ``cuda`` when torch sees a CUDA device, else ``cpu``; this one
+    process is all it places), and ``total_training_steps`` when given (None: the config's)."""
     import torch
 
-    plan = resolve_device(build_run_plan(config), config, torch.cuda.is_available())
+    plan = build_run_plan(config)
+    if plan.device == "auto":
+        plan = _with_device(plan, config, "cuda" if torch.cuda.is_available() else "cpu")
     if total_training_steps is None:
         return plan
     return dataclasses.replace(plan, total_training_steps=total_training_steps)

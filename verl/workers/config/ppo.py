@@ -24,8 +24,12 @@ from verl.workers.config.algorithm import (
 from verl.workers.config.async_training import AsyncTrainingConfig
 from verl.workers.config.compat import CustomClsConfig, GlobalProfilerConfig, PFPPOConfig, check_ref_strategy
 from verl.workers.config.lora import check_lora
-from verl.workers.config.megatron import check_megatron_sections
+from verl.workers.config.megatron import REMOVE_PADDING_NOTE, check_megatron_sections
+from verl.workers.config.model_engine import check_model_engine
+from verl.workers.config.out_of_scope import DistillationConfig, TransferQueueConfig, feature_message
 from verl.workers.config.precision import check_fsdp_precision
+from verl.workers.config.ray_kwargs import RayKwargsConfig, merged_ray_init
+from verl.workers.config.reward import CustomRewardFunctionConfig, name_reward_keys, resolve_reward_section
 from verl.workers.config.reward_model import RewardModelConfig
 from verl.workers.config.roles import FSDP_STRATEGIES, ActorConfig, CriticConfig, KLType, ModelConfig, RefConfig
 from verl.workers.config.rollout import VLLM_ROLLOUT_KEYS, RolloutConfig, check_rollout_layout
@@ -39,9 +43,13 @@ from verl.workers.config.schema import (
     refuse_unavailable,
 )
 from verl.workers.config.sizes import step_sizes
+from verl.workers.config.skip import SkipConfig
 from verl.workers.config.values import default_at, plain_values
 
 logger = logging.getLogger(__name__)
+
+
+VERL_IMAGE_PATCH_SIZE = 14  # verl's default data.image_patch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +69,8 @@ class DataConfig(BaseConfig):
     max_response_length: int
     truncation: Literal["error", "left", "right"]
     filter_overlong_prompts: bool
+    # verl's process count for that filter; here it runs in the driver's process whatever the count (same result)
+    filter_overlong_prompts_workers: int
     prompt_key: str
     reward_fn_key: str
     return_raw_chat: bool
@@ -71,8 +81,17 @@ class DataConfig(BaseConfig):
     custom_cls: CustomClsConfig
     image_key: str
     video_key: str
+    # verl's vision patch size for multimodal prompts: its default (14) only, multimodal data being out of scope
+    image_patch_size: int
 
     def check(self) -> None:
+        check_int(self, "filter_overlong_prompts_workers", 1)
+        if self.image_patch_size != VERL_IMAGE_PATCH_SIZE:
+            raise FieldError(
+                "image_patch_size",
+                f"={self.image_patch_size} sets the vision patch size of image and video prompts; multimodal data is "
+                f"out of scope here (prompts are text). Leave it at {VERL_IMAGE_PATCH_SIZE}.",
+            )
         if not isinstance(self.apply_chat_template_kwargs, Mapping):
             raise FieldError(
                 "apply_chat_template_kwargs",
@@ -105,16 +124,6 @@ class ActorRolloutRefConfig(BaseConfig):
     def check(self) -> None:
         check_number(self, "nccl_timeout", 0.0, exclusive_min=True)
         check_ref_strategy(self.actor.strategy, self.ref.strategy)
-
-
-@dataclasses.dataclass(frozen=True)
-class CustomRewardFunctionConfig(BaseConfig):
-    """``custom_reward_function``: verl's way to name a scoring function, a Python file and a function in it."""
-
-    KEY: ClassVar[str] = "custom_reward_function"
-
-    path: str | None
-    name: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +203,7 @@ class TrainerConfig(BaseConfig):
     test_freq: int
     val_before_train: bool
     critic_warmup: int
+    balance_batch: bool
     default_local_dir: str
     resume_mode: Literal["auto", "disable", "resume_path"]
     resume_from_path: str | None
@@ -204,7 +214,7 @@ class TrainerConfig(BaseConfig):
     progress_bar: bool
     nnodes: int
     n_gpus_per_node: int
-    device: Literal["cpu", "cuda", "auto"]
+    device: str
     max_restarts: int
     collective_timeout_s: float
     nccl_blocking_wait: bool
@@ -225,6 +235,9 @@ class TrainerConfig(BaseConfig):
     def check(self) -> None:
         from verl.utils.tracking import LOGGERS
 
+        if self.device == "npu":
+            raise FieldError("device", feature_message("npu", "=npu", "Use auto, cuda or cpu."))
+        check_one_of(self, "device", ("auto", "cuda", "cpu"))
         check_int(self, "log_val_generations", 0)
         check_int(self, "max_actor_ckpt_to_keep", 1)
         check_int(self, "max_critic_ckpt_to_keep", 1)
@@ -294,6 +307,8 @@ class PPOConfig(BaseConfig):
 
     KEY: ClassVar[str] = ""
 
+    # dp | megatron: the engine whose actor, reference and critic files the YAML composed (model_engine.py)
+    model_engine: str
     data: DataConfig
     actor_rollout_ref: ActorRolloutRefConfig
     critic: CriticConfig
@@ -304,7 +319,14 @@ class PPOConfig(BaseConfig):
     rollout: RolloutGroupConfig
     async_training: AsyncTrainingConfig
     ray_init: RayInitConfig
+    # verl's Ray section: ray.init's keyword arguments and the timeline file (ray_kwargs.py)
+    ray_kwargs: RayKwargsConfig
     global_profiler: GlobalProfilerConfig
+    # verl's rollout dump/replay (skip.rollout; the other sub-sections refused when enabled)
+    skip: SkipConfig
+    # verl's out-of-scope sections: their off switch only (out_of_scope.py)
+    transfer_queue: TransferQueueConfig
+    distillation: DistillationConfig
 
     @classmethod
     def from_omegaconf(cls, config: Any, defaults: Any = None) -> PPOConfig:
@@ -317,13 +339,19 @@ class PPOConfig(BaseConfig):
                 default where nothing reads it (an FSDP2 section of a model that trains with ``dp``, a vLLM engine
                 key with another rollout) is refused; None skips that comparison. The command line and
                 :func:`~verl.workers.config.compose_ppo_config` pass it. It happens here, once, and not in
-                ``check``: validating (``__post_init__``, ``replace()``) reads no files.
+                ``check``: validating (``__post_init__``, ``replace()``) reads no files. verl's ``reward``
+                section is folded into ``reward_model`` / ``custom_reward_function`` first
+                (:func:`~verl.workers.config.reward.resolve_reward_section`, which compares with the defaults too).
 
         Raises:
             ValueError: any key missing, unknown, of the wrong type, out of range, or inconsistent with another; a
-                setting nothing reads.
+                setting nothing reads; a ``reward.*`` key and its older twin set to different values.
         """
-        typed = build_config(cls, plain_values(config), "")
+        values, origins = resolve_reward_section(plain_values(config), defaults)
+        try:
+            typed = build_config(cls, values, "")
+        except ValueError as err:
+            raise name_reward_keys(err, origins) from None
         if defaults is not None:
             typed._check_settings_apply(defaults)
         return typed
@@ -350,6 +378,9 @@ class PPOConfig(BaseConfig):
                 )
 
     def check(self) -> None:
+        check_model_engine(self.model_engine, self.actor_rollout_ref.actor.strategy)
+        merged_ray_init(self.ray_init, self.ray_kwargs)  # ray_init and ray_kwargs.ray_init must agree
+        self.skip.check_applies(self.separate_rollout)
         self._check_step_batch_size()
         actor = self.actor_rollout_ref.actor
         if self.actor_rollout_ref.rollout.name == "hf" and actor.strategy != "dp":
@@ -502,8 +533,9 @@ class PPOConfig(BaseConfig):
             )
 
     def _check_hf_only_features(self) -> None:
-        """Hugging Face activation checkpointing and padding-free passes run on dp and fsdp2 only (megatron has its
-        own recomputation switch)."""
+        """Hugging Face activation checkpointing runs on dp and fsdp2 only (megatron has its own recomputation
+        switch); padding-free passes too, and on megatron ``use_remove_padding=true`` (verl's packed sequences) is
+        accepted and logged: the megatron backend runs padded rows, with the same results."""
         arr = self.actor_rollout_ref
         models = [("actor_rollout_ref.model", arr.actor.strategy, arr.model, "actor_rollout_ref.actor.megatron")]
         if self.needs_critic:
@@ -514,12 +546,12 @@ class PPOConfig(BaseConfig):
                 "enable_gradient_checkpointing": "on megatron, activation recomputation is megatron-core's: set "
                 f"{megatron_key}.override_transformer_config.recompute_granularity=full (with recompute_method="
                 "uniform and recompute_num_layers=1) and this key to false",
-                "use_remove_padding": "padding-free passes are not available on the megatron backend yet; use "
-                "strategy=dp or fsdp2 for them, or set it to false",
             }
             for feature, what in instead.items():
                 if strategy == "megatron" and getattr(model, feature):
                     raise ValueError(f"{key}.{feature}=true: {what}.")
+            if strategy == "megatron" and model.use_remove_padding:
+                logger.info("%s.use_remove_padding=true on megatron: %s", key, REMOVE_PADDING_NOTE)
 
     def _trained_sections(self) -> list[tuple[Any, str]]:
         sections = [(self.actor_rollout_ref.actor, ActorConfig.KEY)]
@@ -641,7 +673,7 @@ class PPOConfig(BaseConfig):
 
     def _check_training_paths(self) -> None:
         if self.trainer.device != "cpu":
-            return  # on cuda/auto the device is only known inside a worker, which checks again
+            return  # auto: checked again once resolve_device decides it; cuda: the worker's builders check
         actor = self.actor_rollout_ref.actor
         if actor.strategy == "megatron":
             actor.megatron.training_path("cpu", f"{ActorConfig.KEY}.megatron")
@@ -680,6 +712,9 @@ class PPOConfig(BaseConfig):
             for section in (self.async_training, self.rollout):
                 unused += [(f"{section.KEY}.{name}", value, fix) for name, value in section.to_dict().items()]
             unused.append(("data.gen_batch_size", self.data.gen_batch_size, fix))
+        unused += self.skip.unused_settings()
+        mtp_fix = f"{ModelConfig.KEY}.mtp.enable=true, which is refused here (multi-token prediction is not built)"
+        unused.append((f"{ModelConfig.KEY}.mtp", arr.model.mtp.to_dict(), mtp_fix))
         for key, value, fix in unused:
             if value != default_at(defaults, key):
                 raise ValueError(

@@ -198,21 +198,45 @@ def _check_trained(p: FSDPPrecision, fsdp_config: Any, key: str, dtype_key: str)
         )
 
 
+FSDP_SIZE_REASON = (
+    "hybrid sharding (HSDP: shards within groups of fsdp_size ranks, replicas across the groups), which is not built "
+    "here: every FSDP2 model is sharded over all ranks"
+)
+
+
+def check_fsdp_size(fsdp_config: Any, world_size: int, key: str) -> None:
+    """verl's ``fsdp_size``: -1 (verl's default: every rank) or the world size, which mean the same; any other size
+    asks for hybrid sharding, refused with :data:`FSDP_SIZE_REASON`.
+
+    Raises:
+        ValueError: naming ``key`` (the section's full key).
+    """
+    size = fsdp_config.fsdp_size
+    if size not in (-1, world_size):
+        raise ValueError(
+            f"{key}.fsdp_size={size} with {world_size} rank(s) asks for {FSDP_SIZE_REASON}. Set it to -1 (or "
+            f"{world_size})."
+        )
+
+
 def check_fsdp_precision(config: Any) -> None:
     """Start-up check of every FSDP2 model the run builds (actor; reference when it has its own copy; critic when it
-    trains): :func:`fsdp_precision` for each, so a contradiction stops the run before Ray starts.
+    trains): :func:`fsdp_precision` and :func:`check_fsdp_size` for each, so a contradiction stops the run before
+    Ray starts.
 
     Args:
         config: the :class:`~verl.workers.config.PPOConfig`.
     """
     arr, critic = config.actor_rollout_ref, config.critic
     actor_dtype = f"{arr.actor.KEY}.dtype"
+    models = []  # (compute dtype, its key, fsdp section, its key, trainable)
     if arr.actor.strategy in FSDP_STRATEGIES:
-        key = f"{arr.actor.KEY}.fsdp_config"
-        fsdp_precision(arr.actor.dtype, arr.actor.fsdp_config, trainable=True, key=key, dtype_key=actor_dtype)
+        models.append((arr.actor.dtype, actor_dtype, arr.actor.fsdp_config, f"{arr.actor.KEY}.fsdp_config", True))
         if config.needs_reference:
-            key = f"{arr.ref.KEY}.fsdp_config"
-            fsdp_precision(arr.actor.dtype, arr.ref.fsdp_config, trainable=False, key=key, dtype_key=actor_dtype)
+            models.append((arr.actor.dtype, actor_dtype, arr.ref.fsdp_config, f"{arr.ref.KEY}.fsdp_config", False))
     if config.needs_critic and config.critic_strategy in FSDP_STRATEGIES:
-        key = f"{critic.KEY}.model.fsdp_config"
-        fsdp_precision(critic.dtype, critic.model.fsdp_config, trainable=True, key=key, dtype_key=f"{critic.KEY}.dtype")
+        fsdp_key = f"{critic.KEY}.model.fsdp_config"
+        models.append((critic.dtype, f"{critic.KEY}.dtype", critic.model.fsdp_config, fsdp_key, True))
+    for dtype, dtype_key, fsdp_config, key, trainable in models:
+        fsdp_precision(dtype, fsdp_config, trainable=trainable, key=key, dtype_key=dtype_key)
+        check_fsdp_size(fsdp_config, config.world_size, key)

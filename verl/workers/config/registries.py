@@ -20,7 +20,7 @@ ROLLOUT_REGISTRY: Registry[type] = Registry(
     "rollout", config_key="actor_rollout_ref.rollout.name", builtins="verl.workers.rollout"
 )
 
-# reward manager name -> reward manager class (naive and dapo are built in)
+# reward manager name -> reward manager class (naive, dapo and gdpo are built in)
 REWARD_MANAGER_REGISTRY: Registry[type] = Registry(
     "reward manager", config_key="reward_model.reward_manager", builtins="verl.workers.reward_manager"
 )

@@ -12,6 +12,10 @@ scores with the reward model served by an inference engine; here ``use_reward_lo
 takes from the engine's keys what decides the scores: the context length (``input_max_length``) and batching by
 tokens (``scores_by_token_budget``). ``num_workers`` (verl's reward-manager processes) has no counterpart: the
 reward manager runs in the trainer.
+
+verl's current release spells these settings in a top-level ``reward`` section (``reward.reward_manager.name``,
+``reward.reward_model.model_path``, ...). That section is folded into this one before the config is built
+(:mod:`verl.workers.config.reward`), so this class is the one description of the reward the trainer reads.
 """
 
 from __future__ import annotations

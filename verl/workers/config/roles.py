@@ -12,7 +12,6 @@ import functools
 import logging
 import typing
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from verl.utils.micro_batching import MicroBatching
@@ -20,10 +19,12 @@ from verl.workers.config.compat import ProfilerConfig, check_ulysses
 from verl.workers.config.lora import MegatronLoraConfig, check_lora_fields
 from verl.workers.config.megatron import MegatronConfig
 from verl.workers.config.optim import OptimConfig
-from verl.workers.config.precision import (  # noqa: F401  (FSDP_STRATEGIES: re-exported, its old home)
+from verl.workers.config.out_of_scope import feature_message
+from verl.workers.config.precision import (  # noqa: F401  (FSDP_STRATEGIES, check_fsdp_size: re-exported)
     FSDP_STRATEGIES,
     MixedPrecisionConfig,
     VerlDType,
+    check_fsdp_size,
 )
 from verl.workers.config.schema import (
     BaseConfig,
@@ -58,6 +59,40 @@ class FusedKernelOptionsConfig(BaseConfig):
     """
 
     impl_backend: Literal["torch", "triton"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MtpConfig(BaseConfig):
+    """``actor_rollout_ref.model.mtp``: verl's multi-token prediction (an MTP head trained with the policy, and
+    speculative decoding with it in the rollout). Not built here: the switches stay false, and the other keys, read
+    only with them, are refused when changed (``PPOConfig``'s check of settings nothing reads)."""
+
+    enable: bool
+    enable_train: bool
+    enable_rollout: bool
+    detach_encoder: bool
+    mtp_loss_scaling_factor: float
+    speculative_algorithm: str
+    speculative_num_steps: int
+    speculative_eagle_topk: int
+    speculative_num_draft_tokens: int
+    method: str
+    num_speculative_tokens: int
+
+    def check(self) -> None:
+        for name in ("enable", "enable_train", "enable_rollout"):
+            refuse_unavailable(self, name, MTP_REASON)
+
+
+MTP_REASON = (
+    "multi-token prediction (verl trains the model's MTP layers and drafts with them in the rollout), which the "
+    "backends here do not build"
+)
+
+ACTIVATION_OFFLOAD_REASON = (
+    "activation offload (verl moves the activations a backward pass needs to CPU memory during the forward pass) "
+    "is not built here; enable_gradient_checkpointing saves activation memory instead"
+)
 
 
 def check_override_config(model: Any) -> None:
@@ -96,12 +131,17 @@ class ModelConfig(BaseConfig):
     exclude_modules: str | list[str] | None
     lora_adapter_path: str | None
     lora: MegatronLoraConfig
+    # verl's activation offload (saved activations moved to CPU memory in the forward pass): false only
+    enable_activation_offload: bool
+    # verl's multi-token prediction: off only (MtpConfig)
+    mtp: MtpConfig
 
     def check(self) -> None:
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
         check_override_config(self)
         check_lora_fields(self)
+        refuse_unavailable(self, "enable_activation_offload", ACTIVATION_OFFLOAD_REASON)
 
     @property
     def uses_lora(self) -> bool:
@@ -117,6 +157,26 @@ class WrapPolicyConfig(BaseConfig):
     transformer_layer_cls_to_wrap: list[str] | None
 
 
+FSDP_ENGINE_STRATEGIES = ("fsdp", "fsdp2")
+
+
+def check_fsdp_fields(section: Any) -> None:
+    """The rules of verl's engine keys that FSDP sections share (``fsdp_size``, ``ulysses_sequence_parallel_size``)."""
+    if section.strategy == "fsdp_turbo":
+        raise FieldError("strategy", feature_message("fsdp_turbo", "=fsdp_turbo", "Set it to fsdp or fsdp2."))
+    check_one_of(section, "strategy", FSDP_ENGINE_STRATEGIES, "both run on FSDP2 here")
+    check_int(section, "fsdp_size", -1)
+    if section.fsdp_size == 0:
+        raise FieldError("fsdp_size", "=0 is not a group size: -1 shards over all ranks (verl's default).")
+    check_ulysses(section)
+
+
+def cpu_offload(fsdp_config: Any) -> bool:
+    """Whether an FSDP2 model keeps its shards (and gradients, and the optimizer step) in CPU memory: verl's
+    ``param_offload`` or its ``offload_policy`` (FSDP2's ``CPUOffloadPolicy``, what both mean on FSDP2 here)."""
+    return bool(fsdp_config.param_offload or fsdp_config.offload_policy)
+
+
 @dataclasses.dataclass(frozen=True)
 class FSDPConfig(BaseConfig):
     """FSDP2 settings of a trained model (strategy ``fsdp2`` / ``fsdp``).
@@ -128,6 +188,8 @@ class FSDPConfig(BaseConfig):
 
     param_offload: bool
     optimizer_offload: bool
+    # verl's FSDP2 CPUOffloadPolicy switch: the same policy param_offload applies here (see :func:`cpu_offload`)
+    offload_policy: bool
     reshard_after_forward: bool
     # verl's FSDP1 flat-parameter switch; FSDP2 has no flat parameters, so both values mean what true means
     use_orig_params: bool
@@ -136,6 +198,17 @@ class FSDPConfig(BaseConfig):
     model_dtype: VerlDType | None
     mixed_precision: MixedPrecisionConfig
     wrap_policy: WrapPolicyConfig
+    # ranks one copy of the model is sharded over: -1 (or the world size) only, see :func:`check_fsdp_size`
+    fsdp_size: int
+    # verl's engine-level spelling of the role's ulysses_sequence_parallel_size: 1 only (check_ulysses)
+    ulysses_sequence_parallel_size: int
+    # verl's engine-level spelling of the role's entropy_checkpointing: true in either place recomputes
+    entropy_checkpointing: bool
+    # verl's engine choice, FSDP1 (fsdp) or FSDP2 (fsdp2): both run on FSDP2 here (fsdp_turbo: refused by name)
+    strategy: str
+
+    def check(self) -> None:
+        check_fsdp_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,10 +217,24 @@ class RefFSDPConfig(BaseConfig):
     as :class:`FSDPConfig`'s, with the actor's ``dtype`` as the compute dtype."""
 
     param_offload: bool
+    # verl's key, inherited from the trained models' engine section: a frozen model has no optimizer state, so true
+    # moves nothing (logged)
+    optimizer_offload: bool
+    offload_policy: bool
     reshard_after_forward: bool
     forward_prefetch: bool
     model_dtype: VerlDType | None
     mixed_precision: MixedPrecisionConfig
+    fsdp_size: int
+    ulysses_sequence_parallel_size: int
+    # no gradients flow through the reference: nothing to recompute, whatever the value
+    entropy_checkpointing: bool
+    strategy: str
+
+    def check(self) -> None:
+        check_fsdp_fields(self)
+        if self.optimizer_offload:
+            logger.info("ref.fsdp_config.optimizer_offload=true: the frozen reference has no optimizer state to move")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,11 +254,13 @@ class CriticModelConfig(BaseConfig):
     lora_alpha: float
     target_modules: str | list[str]
     lora: MegatronLoraConfig
+    enable_activation_offload: bool
 
     def check(self) -> None:
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
         check_override_config(self)
+        refuse_unavailable(self, "enable_activation_offload", ACTIVATION_OFFLOAD_REASON)
         check_int(self, "lora_rank", 0)
         check_number(self, "lora_alpha", 0, exclusive_min=True)
 
@@ -205,6 +294,9 @@ class CheckpointContentsConfig(BaseConfig):
 
     save_contents: list[str]
     load_contents: list[str]
+    # verl: whether megatron's Hugging Face export must map every weight. The exports here map every weight of the
+    # models they convert (a weight left over is an error either way), so true and false write the same files.
+    strict: bool
 
     def check(self) -> None:
         for field in ("save_contents", "load_contents"):
@@ -252,9 +344,34 @@ class TrainedModelConfig(BaseConfig):
     ulysses_sequence_parallel_size: int
     profiler: ProfilerConfig
     checkpoint: CheckpointContentsConfig
+    # verl's role-level spelling of optim.clip_grad (its YAML default follows optim.clip_grad); when the two differ,
+    # grad_clip is the one applied, as in verl. Folded into optim.clip_grad when the section is built (then null).
+    grad_clip: float | None
+
+    def __post_init__(self) -> None:
+        self._fold_megatron_dtype()
+        super().__post_init__()
+        if self.grad_clip is not None:
+            if self.grad_clip != self.optim.clip_grad:
+                logger.info("%s.grad_clip=%s sets optim.clip_grad", self.KEY, self.grad_clip)
+                object.__setattr__(self, "optim", self.optim.replace(clip_grad=self.grad_clip))
+            # folded: a later replace(optim=...) must not be undone by a stale copy
+            object.__setattr__(self, "grad_clip", None)
+
+    def _fold_megatron_dtype(self) -> None:
+        """verl's ``megatron.dtype`` (the megatron engine's dtype): on a megatron role, when set, the role's dtype;
+        then null, so that a later ``replace(dtype=...)`` is not undone by a stale copy."""
+        engine_dtype = getattr(self.megatron, "dtype", None)
+        if engine_dtype is None or getattr(self, "strategy", None) != "megatron":
+            return
+        if engine_dtype != self.dtype:
+            logger.info("%s.megatron.dtype=%s sets %s.dtype (was %s)", self.KEY, engine_dtype, self.KEY, self.dtype)
+            object.__setattr__(self, "dtype", engine_dtype)
+        object.__setattr__(self, "megatron", self.megatron.replace(dtype=None))
 
     def check(self) -> None:
         check_ulysses(self)
+        check_number(self, "grad_clip")
         check_int(self, "ppo_mini_batch_size", 1)
         check_int(self, "ppo_micro_batch_size_per_gpu", 1)
         check_int(self, "ppo_max_token_len_per_gpu", 1)
@@ -287,13 +404,15 @@ class TrainedModelConfig(BaseConfig):
 def _trainer_yaml_section(key: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    path = Path(__file__).resolve().parents[2] / "trainer" / "config" / "ppo_trainer.yaml"
-    return OmegaConf.to_container(OmegaConf.select(OmegaConf.load(path), key), resolve=True)
+    from verl.workers.config.composition import compose_omegaconf
+
+    # composed, not read from one file: the sections live in component files (actor/actor.yaml, ...)
+    return OmegaConf.to_container(OmegaConf.select(compose_omegaconf(()), key), resolve=True)
 
 
 def trainer_yaml_section(key: str) -> dict[str, Any]:
-    """A copy of the section ``key`` (dotted) of ``ppo_trainer.yaml``: the defaults a shorthand or a preset fills
-    in, read from the one file that holds them."""
+    """A copy of the section ``key`` (dotted) of the composed ``ppo_trainer.yaml``: the defaults a shorthand or a
+    preset fills in, read from the YAML that holds them."""
     return dict(_trainer_yaml_section(key))
 
 
@@ -314,6 +433,10 @@ class PolicyLossConfig(BaseConfig):
     kl_cov_ratio: float
     ppo_kl_coef: float
     dro_beta: float | None
+    # SAPO's temperatures, also spelt here by verl's scripts; null: the actor's tau_pos / tau_neg. A value set here
+    # is the one SAPO uses (ActorConfig.__post_init__ copies it to the actor's key).
+    tau_pos: float | None
+    tau_neg: float | None
 
     @classmethod
     def from_shorthand(cls, value: Any, key: str) -> Any:
@@ -329,6 +452,8 @@ class PolicyLossConfig(BaseConfig):
         check_number(self, "kl_cov_ratio", 0.0, 1.0, exclusive_min=True)
         check_number(self, "ppo_kl_coef", 0.0)
         check_number(self, "dro_beta", 0.0, exclusive_min=True)
+        check_number(self, "tau_pos", 0.0, exclusive_min=True)
+        check_number(self, "tau_neg", 0.0, exclusive_min=True)
         if self.clip_cov_lb >= self.clip_cov_ub:
             raise FieldError(
                 "clip_cov_lb",
@@ -341,6 +466,12 @@ class PolicyLossConfig(BaseConfig):
                 "is null, and loss_mode=dro needs it: set actor_rollout_ref.actor.policy_loss.dro_beta to a number "
                 "> 0 (the weight of DRO's quadratic penalty on the log-ratio).",
             )
+
+
+SUM_PI_SQUARED_REASON = (
+    "the per-token sum of squared probabilities (sum_pi_squared) that verl's optimal_token_baseline estimators read; "
+    "the actor here does not compute it, and those estimators are refused (algorithm.adv_estimator)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,13 +502,33 @@ class ActorConfig(TrainedModelConfig):
     use_fused_kernels: bool
     entropy_from_logits_with_chunking: bool
     entropy_checkpointing: bool
+    # verl: also compute sum_pi_squared (the per-token sum of squared probabilities) for the optimal-token-baseline
+    # estimators; false only (this trainer does not compute it yet)
+    calculate_sum_pi_squared: bool
 
     def __post_init__(self) -> None:
         # a bare loss name or a mapping handed to the constructor (replace(policy_loss="gspo")) becomes the section
         if isinstance(self.policy_loss, str | Mapping):
             values = PolicyLossConfig.from_shorthand(self.policy_loss, PolicyLossConfig.KEY)
             object.__setattr__(self, "policy_loss", build_config(PolicyLossConfig, values))
+        self._fold_policy_loss_taus()
         super().__post_init__()
+
+    def _fold_policy_loss_taus(self) -> None:
+        """verl's ``policy_loss.tau_pos`` / ``tau_neg`` spelling: copied to the actor's keys (the ones SAPO reads),
+        then null, so that a later ``replace(tau_pos=...)`` is not undone by a stale copy."""
+        taus = {name: getattr(self.policy_loss, name, None) for name in ("tau_pos", "tau_neg")}
+        taus = {name: value for name, value in taus.items() if value is not None}
+        for name, value in taus.items():
+            object.__setattr__(self, name, value)
+        if taus:
+            object.__setattr__(self, "policy_loss", self.policy_loss.replace(**dict.fromkeys(taus)))
+
+    @property
+    def checkpoints_entropy(self) -> bool:
+        """Whether the entropy's intermediates are recomputed in the backward pass: ``entropy_checkpointing`` here
+        or in ``fsdp_config`` (verl's engine spelling of the same switch)."""
+        return self.entropy_checkpointing or self.fsdp_config.entropy_checkpointing
 
     def check(self) -> None:
         super().check()
@@ -388,6 +539,7 @@ class ActorConfig(TrainedModelConfig):
             refuse_unavailable(self, "use_torch_compile", "torch.compile of the megatron actor's forward")
         check_number(self, "tau_pos", 0.0, exclusive_min=True)
         check_number(self, "tau_neg", 0.0, exclusive_min=True)
+        refuse_unavailable(self, "calculate_sum_pi_squared", SUM_PI_SQUARED_REASON)
         check_number(self, "loss_scale_factor", 0.0, exclusive_min=True)
         check_number(self, "clip_ratio", 0.0, exclusive_min=True)
         check_number(self, "clip_ratio_low", 0.0, exclusive_min=True)
@@ -406,6 +558,8 @@ class RefConfig(BaseConfig):
     strategy: Strategy
     use_torch_compile: bool
     entropy_from_logits_with_chunking: bool
+    # verl's key: the reference computes no gradients, so there is nothing to recompute whatever the value
+    entropy_checkpointing: bool
     log_prob_micro_batch_size_per_gpu: int | None
     log_prob_use_dynamic_bsz: bool
     log_prob_max_token_len_per_gpu: int
@@ -430,6 +584,16 @@ class RefConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class CriticFSDPConfig(BaseConfig):
+    """``critic.fsdp``: verl's newer name of the critic's FSDP engine section, for the offload switches verl's
+    scripts set there. Its YAML values follow ``critic.model.fsdp_config``; true in either place offloads
+    (:meth:`CriticConfig.__post_init__` folds these into ``critic.model.fsdp_config``)."""
+
+    param_offload: bool
+    optimizer_offload: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class CriticConfig(TrainedModelConfig):
     """``critic``: the value model's training settings (same shared keys as the actor's, plus its own)."""
 
@@ -439,9 +603,19 @@ class CriticConfig(TrainedModelConfig):
     enable: bool | Literal["auto"]
     strategy: Strategy | None
     model: CriticModelConfig
+    fsdp: CriticFSDPConfig
     forward_micro_batch_size_per_gpu: int | None
     forward_max_token_len_per_gpu: int
     cliprange_value: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        fsdp_config = self.model.fsdp_config
+        switches = {name: True for name in ("param_offload", "optimizer_offload") if getattr(self.fsdp, name)}
+        if any(not getattr(fsdp_config, name) for name in switches):
+            # critic.fsdp.<switch>=true: the value critic.model.fsdp_config (the section the builders read) takes
+            model = self.model.replace(fsdp_config=fsdp_config.replace(**switches))
+            object.__setattr__(self, "model", model)
 
     def check(self) -> None:
         super().check()

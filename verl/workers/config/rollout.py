@@ -24,6 +24,7 @@ from verl.workers.config.schema import (
     check_int_list,
     check_number,
     check_one_of,
+    refuse_unavailable,
 )
 
 ROLLOUT_KEY = "actor_rollout_ref.rollout"
@@ -294,6 +295,10 @@ class RolloutConfig(BaseConfig):
     data_parallel_size: int
     expert_parallel_size: int
     pipeline_model_parallel_size: int
+    # verl's tensor-parallel size of a mixture-of-experts engine's experts (its TensorRT-LLM rollout): 1 only
+    moe_tensor_parallel_size: int
+    # verl's recording of a mixture-of-experts model's routing in the rollout (for router replay): false only
+    enable_rollout_routing_replay: bool
     engine_kwargs: EngineKwargsConfig
     val_kwargs: ValKwargsConfig
     multi_turn: MultiTurnConfig
@@ -315,6 +320,7 @@ class RolloutConfig(BaseConfig):
         check_int(self, "max_num_seqs", 1)
         check_int(self, "max_model_len", 1)
         check_int(self, "tensor_model_parallel_size", 1)
+        refuse_unavailable(self, "enable_rollout_routing_replay", ROUTING_REPLAY_REASON)
         for name, why in PARALLEL_SIZES_OF_ONE.items():
             if getattr(self, name) != 1:
                 raise FieldError(name, f"={getattr(self, name)}: {why}; set it to 1.")
@@ -331,6 +337,11 @@ class RolloutConfig(BaseConfig):
         return SamplingParams(**{**options, "seed": self.seed + seed_offset})
 
 
+ROUTING_REPLAY_REASON = (
+    "router replay records a mixture-of-experts model's routing in the rollout and replays it in training; the "
+    "backends here build dense models (no experts to route)"
+)
+
 # verl's rollout parallel sizes that stay 1 here, and why.
 PARALLEL_SIZES_OF_ONE = {
     "data_parallel_size": (
@@ -339,6 +350,10 @@ PARALLEL_SIZES_OF_ONE = {
         "parallelism inside one engine (for mixture-of-experts servers) is not used"
     ),
     "expert_parallel_size": "expert parallelism of a mixture-of-experts engine is not supported by this rollout",
+    "moe_tensor_parallel_size": (
+        "verl reads it in its TensorRT-LLM rollout only (out of scope here), for mixture-of-experts engines, which "
+        "this rollout does not split"
+    ),
     "pipeline_model_parallel_size": (
         "the colocated vLLM engine runs tensor parallelism only (vLLM's in-process launcher has no pipeline stages)"
     ),

@@ -67,6 +67,10 @@ class NaiveRewardManager:
         result = self.compute_score(
             data_source=data_source, solution_str=response, ground_truth=ground_truth, extra_info=extra_info
         )
+        return self._parse_result(result)
+
+    def _parse_result(self, result: Any) -> tuple[float, dict]:
+        """A scoring function's result as (score, extra info): a float, or a dict with ``"score"`` and extras."""
         if isinstance(result, dict):
             if "score" not in result:
                 raise ValueError(f"A reward function returned a dict without 'score': {sorted(result)}.")

@@ -28,6 +28,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -76,7 +77,6 @@ VERL_SET_KEYS = {
     "max_num_batched_tokens": f"{_KEY}.max_num_batched_tokens",
     "max_num_seqs": f"{_KEY}.max_num_seqs",
     "enable_sleep_mode": f"{_KEY}.free_cache_engine",
-    "max_model_len": f"{_KEY}.max_model_len",
     "enable_prefix_caching": f"{_KEY}.enable_prefix_caching",
     "disable_log_stats": f"{_KEY}.disable_log_stats",
     "load_format": f"{_KEY}.load_format",
@@ -135,10 +135,16 @@ def _total_ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+# engine_kwargs.vllm keys that are another spelling of a rollout key: given in both places, the values must agree
+SHARED_ENGINE_KEYS = {"max_model_len": "max_model_len"}
+
+
 def max_model_len(arr: ActorRolloutRefConfig) -> int:
-    """The engine's context: ``rollout.max_model_len`` when given, else ``prompt_length + response_length``."""
+    """The engine's context: ``rollout.max_model_len`` (or verl's ``engine_kwargs.vllm.max_model_len``) when given,
+    else ``prompt_length + response_length``."""
     rollout = arr.rollout
-    return rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    given = rollout.max_model_len or dict(rollout.engine_kwargs.vllm).get("max_model_len")
+    return given or rollout.prompt_length + rollout.response_length
 
 
 def engine_index(rollout: RolloutConfig, rank: int) -> int:
@@ -198,7 +204,11 @@ def engine_kwargs(arr: ActorRolloutRefConfig, seed: int, device: str) -> dict[st
         # which inside a training worker (torch, the model, the optimizer) can leave nothing; the KV cache gets
         # exactly that share of the RAM instead, as the config key documents
         kwargs["kv_cache_memory_bytes"] = int(rollout.gpu_memory_utilization * _total_ram_bytes())
-    kwargs.update(vllm_engine_args(rollout.engine_kwargs.vllm))
+    extra = vllm_engine_args(rollout.engine_kwargs.vllm)
+    if isinstance(extra.get("compilation_config"), Mapping) and "compilation_config" in kwargs:
+        # verl's engine_kwargs.vllm.compilation_config.* (cudagraph_mode, ...) joins rollout.cudagraph_capture_sizes
+        extra["compilation_config"] = {**kwargs["compilation_config"], **extra["compilation_config"]}
+    kwargs.update(extra)
     return kwargs
 
 
@@ -314,6 +324,28 @@ def check_vllm_config(config: PPOConfig) -> None:
     _check_lengths(config, hf_config)
 
 
+def _check_shared_keys(rollout: RolloutConfig) -> None:
+    """``engine_kwargs.vllm`` keys that spell a rollout key (:data:`SHARED_ENGINE_KEYS`, and the capture sizes of
+    ``compilation_config``): each given in one place, or the same value in both."""
+    given = dict(rollout.engine_kwargs.vllm)
+    pairs = [(f"engine_kwargs.vllm.{key}", given.get(key), name) for key, name in SHARED_ENGINE_KEYS.items()]
+    compilation = given.get("compilation_config")
+    if isinstance(compilation, Mapping):
+        engine_key = "engine_kwargs.vllm.compilation_config.cudagraph_capture_sizes"
+        pairs.append((engine_key, compilation.get("cudagraph_capture_sizes"), "cudagraph_capture_sizes"))
+    for engine_key, value, name in pairs:
+        ours = getattr(rollout, name)
+        if value is not None and ours is not None and _plain(value) != _plain(ours):
+            raise ValueError(
+                f"{_KEY}.{engine_key}={value!r} disagrees with {_KEY}.{name}={ours!r}: they are one setting of the "
+                f"engine; set one of them."
+            )
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, list | tuple) else value
+
+
 def _check_engine_kwargs(rollout: RolloutConfig) -> None:
     """Each ``engine_kwargs.vllm`` key: not one verl sets, and (after :data:`RENAMED_ENGINE_ARGS`) an argument of
     the installed ``vllm.LLM`` or its ``EngineArgs``, so that a misspelt or retired name fails here, not in a
@@ -321,6 +353,7 @@ def _check_engine_kwargs(rollout: RolloutConfig) -> None:
     import dataclasses
     import difflib
 
+    _check_shared_keys(rollout)
     for key in rollout.engine_kwargs.vllm:
         if key in VERL_SET_KEYS:
             raise ValueError(
@@ -386,10 +419,11 @@ def _check_lengths(config: PPOConfig, hf_config: Any) -> None:
     prompt_length, response_length = rollout.prompt_length, rollout.response_length
     needed = prompt_length + response_length
     where = f"{_KEY}.prompt_length={prompt_length} + {_KEY}.response_length={response_length}"
-    given = rollout.max_model_len
-    if given is not None and given < needed:
+    given = max_model_len(config.actor_rollout_ref)
+    if given < needed:
+        source = "max_model_len" if rollout.max_model_len else "engine_kwargs.vllm.max_model_len"
         raise ValueError(
-            f"{where} = {needed} tokens is longer than {_KEY}.max_model_len={given}; raise it (or set it to null) or "
+            f"{where} = {needed} tokens is longer than {_KEY}.{source}={given}; raise it (or set it to null) or "
             "shorten the prompt or the response."
         )
     context = getattr(hf_config, "max_position_embeddings", None)

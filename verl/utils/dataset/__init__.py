@@ -1,0 +1,16 @@
+"""Prompt datasets for RL, under verl's package name: :mod:`verl.utils.dataset.rl_dataset` (files of prompts, the
+embedded task, verl's ``RLHFDataset`` and ``collate_fn``) and :mod:`verl.utils.dataset.loader` (prompt batches and
+the resumable loader the trainer uses)."""
+
+from verl.utils.dataset.loader import TRUNCATION_MODES, PromptCollator, StatefulPromptLoader
+from verl.utils.dataset.rl_dataset import RLHFDataset, chat_renderer, collate_fn, make_tiny_task_dataset
+
+__all__ = [
+    "TRUNCATION_MODES",
+    "PromptCollator",
+    "RLHFDataset",
+    "StatefulPromptLoader",
+    "chat_renderer",
+    "collate_fn",
+    "make_tiny_task_dataset",
+]
