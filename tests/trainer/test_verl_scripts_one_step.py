@@ -6,12 +6,12 @@ see ``tests/trainer/verl_scripts/harness.py``), then shrunk to a step a 2-core C
 entry point. Everything else is the script's own: its algorithm, backend, rollout engine, reward model, LoRA, KL and
 entropy settings, dynamic batch sizes and fused kernels. Ten of verl's current release (``CURRENT_ONE_STEP``) cover
 GRPO, PPO, RLOO and DAPO, fsdp and megatron, a model reward (verl's reward loop), LoRA on fsdp and on megatron, the
-one-step-off-policy trainer (colocated and with a rollout group of its own) and the fully async one (``PENDING``:
-an expected failure until its scripts start). Two of verl's January release (``ONE_STEP``) cover what those do not:
-a PPO critic on megatron, with actor, reference and critic started from a megatron-core distributed checkpoint, and
-verl's options for mixture-of-experts models on a dense model. One (``OWN_PIPELINE``, a PPO script) runs at its own
-pipeline sizes, on two ranks. The other scripts that start run with ``python -m tests.trainer.verl_scripts.one_step
-[--set current]``.
+one-step-off-policy trainer (colocated and with a rollout group of its own) and the fully async one (vLLM partial
+rollouts; its run is counted in prompts, ``rollout.total_rollout_steps``, set to one step's worth). Two of verl's
+January release (``ONE_STEP``) cover what those do not: a PPO critic on megatron, with actor, reference and critic
+started from a megatron-core distributed checkpoint, and verl's options for mixture-of-experts models on a dense
+model. One (``OWN_PIPELINE``, a PPO script) runs at its own pipeline sizes, on two ranks. The other scripts that
+start run with ``python -m tests.trainer.verl_scripts.one_step [--set current]``.
 """
 
 import json
@@ -82,12 +82,8 @@ def _check_one_step(script, inputs, tmp_path, what):
 
 
 # What stops a current script today (work pending): its case is an expected failure (strict: it fails once the script
-# trains, so that the mark goes then).
-PENDING = {
-    "verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh": "every fully async script of verl sets "
-    "async_training.partial_rollout=True with the vLLM rollout, refused at start-up here (only the naive rollout "
-    "takes new weights between two tokens)",
-}
+# trains, so that the mark goes then). None now.
+PENDING: dict[str, str] = {}
 
 
 # ids: the script's path below examples/ or verl/experimental/ (several directories have a run_qwen3_8b_fsdp.sh)

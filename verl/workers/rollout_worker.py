@@ -7,8 +7,9 @@ engine of its own); the rollout ranks split each batch's prompts (``Dispatch.DP_
 one another. The weights come from the trainer's actor through the driver, each set with its version number (Hugging
 Face names, a LoRA actor's merged): :meth:`RolloutWorker.load_weights` takes them between two generation calls; with
 ``async_training.partial_rollout`` :meth:`RolloutWorker.stage_weights` takes them on a thread of their own while a
-generation runs, and the rollout switches to them between two tokens (:mod:`verl.workers.rollout.partial`). Every
-response token carries the version of the weights that sampled it (``weight_version``, (B, R) int64).
+generation runs, and the rollout switches to them between two tokens (``vllm``: between two engine calls of a few
+dozen tokens each; :mod:`verl.workers.rollout.partial`). Every response token carries the version of the weights that
+sampled it (``weight_version``, (B, R) int64).
 
 Rollout rank ``r`` samples with seed ``rollout.seed + r``, as rank ``r`` of the actor group does when the rollout
 lives there: with as many rollout ranks as trainer ranks and the same weights, both sample the same responses.

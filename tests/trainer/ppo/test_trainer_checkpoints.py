@@ -4,12 +4,15 @@ import json
 
 from verl.trainer.ppo.trainer_checkpoints import RUN_PLAN_FILE, read_run_plan, write_run_plan
 from verl.workers.config import build_run_plan, compose_ppo_config
+from verl.workers.config.plan import resolve_device
 
 
 def test_run_plan_json_reads_back_the_plan_values(tmp_path):
     # 100 prompts in steps of 16 -> 6 steps an epoch, x 2 epochs = 12 steps; a KL loss needs the reference
     config = compose_ppo_config(["trainer.total_epochs=2", "actor_rollout_ref.actor.use_kl_loss=true"])
-    path = write_run_plan(tmp_path, build_run_plan(config, num_train_prompts=100))
+    # the plan a run saves is resolved on its cluster: trainer.device=auto on one without GPUs is cpu
+    plan = resolve_device(build_run_plan(config, num_train_prompts=100), config, 0)
+    path = write_run_plan(tmp_path, plan)
     assert path == tmp_path / RUN_PLAN_FILE
     values = read_run_plan(tmp_path)
     assert values["total_training_steps"] == 12 and values["total_epochs"] == 2

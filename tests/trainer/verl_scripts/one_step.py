@@ -56,6 +56,14 @@ SMALL_STEP = (
 )
 
 
+def _small_async_step(script: Script) -> tuple[str, ...]:
+    """A fully async script counts its run in prompts (``rollout.total_rollout_steps``, which then decides the
+    steps): one step's worth, 8 prompts (one local update of ``ppo_mini_batch_size`` 8); () for the others, where
+    the key must stay unset."""
+    keys = {o.partition("=")[0].lstrip("+~") for o in script.overrides}
+    return ("rollout.total_rollout_steps=8",) if "rollout.total_rollout_steps" in keys else ()
+
+
 def run_one_step(
     script: Script,
     inputs: dict[str, str],
@@ -68,9 +76,10 @@ def run_one_step(
     ``extra``, writing to ``out_dir``; the finished process, its output captured."""
     # a key the script sets with '+' (it is absent from verl's config) keeps its '+'; ours are plain overrides of
     # keys the config has, so only those the script does not set are added, and the ones it sets are replaced
-    ours = {o.partition("=")[0] for o in SMALL_STEP}
+    small = SMALL_STEP + _small_async_step(script)
+    ours = {o.partition("=")[0] for o in small}
     kept = [o for o in normalise(script.overrides, inputs) if o.partition("=")[0].lstrip("+~") not in ours]
-    argv = script.argv(tuple(kept) + SMALL_STEP + tuple(extra) + (f"trainer.default_local_dir={out_dir}",))
+    argv = script.argv(tuple(kept) + small + tuple(extra) + (f"trainer.default_local_dir={out_dir}",))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
     return subprocess.run(
         [sys.executable, "-m", script.entry_point, *argv],

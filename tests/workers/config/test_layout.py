@@ -23,7 +23,13 @@ from verl.workers.config.schema import FieldError
 
 REPO = CONFIG_DIR.parents[2]
 # The trainers built on ppo_trainer.yaml: they exist to override its values, so they are not components.
-DERIVED_TRAINERS = ("ppo_megatron_trainer.yaml", "fully_async_ppo_trainer.yaml", "one_step_off_ppo_trainer.yaml")
+DERIVED_TRAINERS = (
+    "ppo_megatron_trainer.yaml",
+    "fully_async_ppo_trainer.yaml",
+    "one_step_off_ppo_trainer.yaml",
+    "fully_async_ppo_megatron_trainer.yaml",
+    "one_step_off_ppo_megatron_trainer.yaml",
+)
 # Every key of the single-file ppo_trainer.yaml the layout replaced (composed before the split, flattened).
 KEYS_BEFORE = Path(__file__).with_name("layout_keys_before.txt")
 NO_EMBEDDED = "~embedded@_global_"
@@ -88,6 +94,15 @@ def test_async_trainers_change_exactly_the_keys_their_file_sets(config_name):
     changed = differing(plain, derived)
     assert changed and changed <= set(flatten(own))
     assert all(derived[key] == value for key, value in flatten(own).items())
+
+
+@pytest.mark.parametrize("config_name", ["fully_async_ppo_trainer", "one_step_off_ppo_trainer"])
+def test_megatron_async_trainers_are_their_trainer_with_model_engine_megatron(config_name):
+    # verl's *_megatron_trainer files of its async trainers: the same file with model_engine megatron
+    model = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B"]
+    assert composed(model, config_name.replace("_ppo_", "_ppo_megatron_")) == composed(
+        [*model, "model_engine=megatron"], config_name
+    )
 
 
 # ---------------------------------------------------------------- choosing components as in verl

@@ -136,6 +136,16 @@ def test_refused_values_name_their_key(overrides, match):
         compose_ppo_config(overrides)
 
 
+@pytest.mark.parametrize("name", ["naive", "vllm"])
+def test_partial_rollouts_take_the_naive_and_vllm_rollouts(name):
+    # naive stops between two tokens for new weights, vllm between two engine calls of at most 32 tokens each (the
+    # hf rollout, which finishes with the weights it started with, is refused: see test_refused_values_name_their_key)
+    config = compose_ppo_config(
+        ["actor_rollout_ref.hybrid_engine=false", "async_training.partial_rollout=true", f"{R}.name={name}"]
+    )
+    assert config.async_training.partial_rollout and config.actor_rollout_ref.rollout.name == name
+
+
 @pytest.mark.parametrize("strategy", ["dp", "fsdp"])
 def test_naive_rollout_tensor_parallel_needs_a_model_split_that_way(strategy):
     overrides = [

@@ -287,3 +287,59 @@ def test_the_engine_sleeps_between_generations_and_takes_weights_asleep(worker):
     assert torch.cuda.mem_get_info()[0] - awake_free > GPU_SHARE / 2 * total
     assert gap(worker, fixed_sequences()) < TOLERANCE["float16"]
     assert worker.generate_sequences(prompts_of(worker)).batch["responses"].shape[0] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker", [CPU_FP32], indirect=True)
+def test_a_partial_rollout_switches_weights_between_two_chunks(worker, monkeypatch, tmp_path):
+    from transformers import Qwen2ForCausalLM
+
+    from verl.workers.rollout import vllm_rollout
+    from verl.workers.rollout.partial import WEIGHT_VERSION_KEY, WeightSwitch
+
+    worker._sync_rollout_weights()  # version 0: the engine holds the actor's weights
+    rollout, chunk = worker.rollout, 3
+    response_length = worker.config.rollout.response_length  # 8: a chunk of 3, then the 5 others
+    monkeypatch.setattr(vllm_rollout, "PARTIAL_CHUNK_TOKENS", chunk)
+    # version 1: another seeded model of the same shape, whose greedy continuations differ from version 0's
+    new_model = Qwen2ForCausalLM.from_pretrained(write_head_dim_64_model(tmp_path / "v1", seed=1)).float().eval()
+    new_weights = dict(new_model.state_dict())
+    prompts = prompts_of(worker, do_sample=False)
+    old = rollout.generate_sequences(prompts)  # no switch: one call, version 0 throughout
+
+    switch = WeightSwitch(lambda weights: rollout.load_weights(iter(weights.items())), version=0)
+    generate_tokens = rollout._generate_tokens
+
+    def stage_after_the_first_call(*args):
+        out = generate_tokens(*args)
+        if switch.version == 0:  # the trainer's next weights arrive while the first chunk is generated
+            switch.stage(new_weights, 1)
+        return out
+
+    monkeypatch.setattr(rollout, "_generate_tokens", stage_after_the_first_call)
+    monkeypatch.setattr(rollout, "weight_switch", switch)
+    try:
+        out = rollout.generate_sequences(prompts)
+    finally:
+        monkeypatch.undo()
+        worker._sync_rollout_weights()  # the module's later tests expect the actor's weights
+    responses, mask = out.batch["responses"], out.batch["response_mask"].bool()
+    # the first chunk came from version 0 (the greedy tokens of the call without a switch), the rest from version 1
+    expected_versions = torch.tensor([0] * chunk + [1] * (response_length - chunk)).expand(len(out), -1)
+    assert torch.equal(out.batch[WEIGHT_VERSION_KEY], expected_versions)
+    first = mask[:, :chunk]
+    assert torch.equal(responses[:, :chunk][first], old.batch["responses"][:, :chunk][first])
+    # version 1's greedy continuation of each row's prompt and first chunk, token by token with transformers
+    continued = mask[:, chunk].nonzero(as_tuple=True)[0]
+    assert continued.numel() > 0  # some rows had not ended after the first chunk
+    with torch.no_grad():
+        for row in continued.tolist():
+            ids = out.batch["prompts"][row][out.batch["attention_mask"][row, :-response_length].bool()].tolist()
+            ids += responses[row, :chunk].tolist()
+            for _ in range(response_length - chunk):
+                ids.append(int(new_model(torch.tensor([ids])).logits[0, -1].argmax()))
+            tail = torch.tensor(ids[-(response_length - chunk) :])
+            row_mask = mask[row, chunk:]
+            assert torch.equal(responses[row, chunk:][row_mask], tail[row_mask])
+    # and version 1 changed what was sampled: the rows continued differ from the call without a switch
+    assert not torch.equal(responses[continued, chunk:], old.batch["responses"][continued, chunk:])

@@ -520,11 +520,12 @@ class PPOConfig(BaseConfig):
                 "rollout group runs an engine of its own here; set it to 1 and size the group with "
                 "rollout.n_gpus_per_node."
             )
-        if self.async_training.partial_rollout and arr.rollout.name != "naive":
+        if self.async_training.partial_rollout and arr.rollout.name not in ("naive", "vllm"):
             raise ValueError(
-                f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={arr.rollout.name}: only the "
-                "naive rollout stops between two tokens for new weights here (vLLM and hf finish each response with "
-                "the weights it started with); use rollout.name=naive, or partial_rollout=false."
+                f"async_training.partial_rollout=true with actor_rollout_ref.rollout.name={arr.rollout.name}: the "
+                "naive rollout stops between two tokens for new weights, and vllm switches every 32 tokens (each "
+                "engine call samples at most that many); hf finishes each response with the weights it started "
+                "with. Use rollout.name=naive or vllm, or partial_rollout=false."
             )
         if self._train_batch_size % world:
             raise ValueError(

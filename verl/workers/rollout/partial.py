@@ -3,10 +3,11 @@
 With ``async_training.partial_rollout`` the trainer's weights reach a rollout worker while it generates (on a thread
 of their own, :meth:`~verl.workers.rollout_worker.RolloutWorker.stage_weights`), and wait there as the *staged*
 version in a :class:`WeightSwitch`. A rollout that can stop between two tokens (``naive``) asks the switch after every
-token; once weights are staged it stops, the switch puts them into the model, and :func:`continue_paused` carries on
-with the responses that had not ended: each row's prompt and tokens so far become the prompt of the continuation
-(their keys and values computed again by the new weights), which samples the rest of the response. Every response
-token carries the version of the weights that sampled it.
+token (``vllm``, which cannot be stopped from outside, samples at most a few dozen tokens per engine call instead:
+:mod:`~verl.workers.rollout.vllm_rollout`); once weights are staged it stops, the switch puts them into the model, and
+:func:`continue_paused` carries on with the responses that had not ended: each row's prompt and tokens so far become
+the prompt of the continuation (their keys and values computed again by the new weights), which samples the rest of
+the response. Every response token carries the version of the weights that sampled it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,14 @@ Tensor parallelism (an engine over TP ranks, vLLM's ``external_launcher``; see
 are gathered over the engine's tensor-parallel group, every rank generates all of them (with the same seeds: the
 ranks of a group share a seed source), and each keeps the rows of its own prompts.
 
+Partial rollouts (``async_training.partial_rollout``, a :class:`~verl.workers.rollout.partial.WeightSwitch`
+attached): vLLM cannot be stopped between two tokens from outside, so each engine call then samples at most
+:data:`PARTIAL_CHUNK_TOKENS` new tokens, and :func:`~verl.workers.rollout.partial.continue_paused` continues the rows
+that have not ended, with the staged weights applied between two calls: new weights take over within that many
+tokens. Each continuation sends the prompt and the tokens so far again; vLLM's prefix cache (on by default) spares
+recomputing them while the weights stay, and a weight load empties it. Without a switch one call samples the whole
+response, as before.
+
 Randomness: a seeded ``torch.Generator`` draws one seed per request of every sampling call, and vLLM samples each
 request from its own generator seeded with it; greedy calls draw nothing. That generator is the rollout's
 ``state_dict``, so a resumed run gives its requests the seeds the uninterrupted run would have given them.
@@ -41,6 +49,9 @@ __all__ = ["VLLMRollout"]
 
 # seeds are drawn below 2**31: vLLM's CPU sampler keeps per-request seeds in that range
 _SEED_BOUND = 2**31 - 1
+# with a weight switch (partial rollouts), the most new tokens one engine call samples: staged weights apply between
+# two calls, so they take over within this many tokens of a response
+PARTIAL_CHUNK_TOKENS = 32
 
 
 @register_rollout("vllm")
@@ -128,13 +139,24 @@ class VLLMRollout(SeedSourceRollout):
         start = sum(len(part) for part in parts[: dist.get_rank(self.tp_group)]) * rows_per_prompt
         return output.slice(start, start + len(prompts) * rows_per_prompt)
 
-    def _vllm_sampling_params(self, params: SamplingParams, num_rows: int) -> list[Any]:
+    def _generate_across_switches(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int | None]:
+        """The base class's generation, with the engine awake throughout (every chunk of a partial rollout and the
+        weight loads between them) and put back to sleep after, when it can sleep."""
+        self.wake_up()
+        try:
+            return super()._generate_across_switches(input_ids, attention_mask, params)
+        finally:
+            self.sleep()
+
+    def _vllm_sampling_params(self, params: SamplingParams, num_rows: int, max_tokens: int) -> list[Any]:
         """One ``vllm.SamplingParams`` per row: the call's options, its own seed when sampling."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         common: dict[str, Any] = {
             "n": 1,
-            "max_tokens": params.response_length,
+            "max_tokens": max_tokens,
             "min_tokens": 0,
             "stop_token_ids": list(self.stop_ids),
             "ignore_eos": self.params.ignore_eos,
@@ -160,7 +182,8 @@ class VLLMRollout(SeedSourceRollout):
     def _generate_tokens(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Generate with the engine (waking it first, putting it back to sleep after when it can sleep).
+        """Generate with the engine (awake: :meth:`_generate_across_switches` woke it); with a weight switch, at
+        most :data:`PARTIAL_CHUNK_TOKENS` tokens (the caller continues the rows that have not ended).
 
         Args:
             input_ids: (B*n, P) prompt ids, left-padded.
@@ -168,18 +191,18 @@ class VLLMRollout(SeedSourceRollout):
             params: the sampling options of this call.
 
         Returns:
-            (B*n, L) generated tokens, L <= R the longest response, rows padded with ``pad_token_id`` after their
-            eos; and their (B*n, L) float32 log-probs from the engine (0 in the padding).
+            (B*n, L) generated tokens, L <= R the longest response (or the chunk), rows padded with
+            ``pad_token_id`` after their eos; and their (B*n, L) float32 log-probs from the engine (0 in the padding).
         """
         prompts = [
             {"prompt_token_ids": row[mask.bool()].tolist()} for row, mask in zip(input_ids.cpu(), attention_mask.cpu())
         ]
-        sampling_params = self._vllm_sampling_params(params, len(prompts))
-        self.wake_up()
-        try:
-            outputs = self.engine.generate(prompts, sampling_params, use_tqdm=False)
-        finally:
-            self.sleep()
+        max_tokens = params.response_length
+        if self.weight_switch is not None:  # new weights apply between two calls: stop every chunk for them
+            max_tokens = min(max_tokens, PARTIAL_CHUNK_TOKENS)
+        sampling_params = self._vllm_sampling_params(params, len(prompts), max_tokens)
+        self.wake_up()  # a no-op inside a generation; awake already
+        outputs = self.engine.generate(prompts, sampling_params, use_tqdm=False)
         completions = [output.outputs[0] for output in outputs]
         length = max(len(completion.token_ids) for completion in completions)
         tokens = torch.full((len(prompts), length), self.pad_token_id, dtype=torch.long)
