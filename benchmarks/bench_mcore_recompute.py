@@ -2,8 +2,8 @@
 
 ``python benchmarks/bench_mcore_recompute.py [--layers 8 --hidden 512 --seq 256 --batch 4]`` builds a Qwen2-shaped
 megatron-core GPTModel and runs a forward and backward for each ``recompute_granularity=full`` setting verl's
-scripts use, counting the bytes of every tensor autograd saves (a saved-tensor hook: deterministic, unlike the
-process's peak memory) and the median of 3 forward+backward times.
+scripts use and for ``selective`` ones, counting the bytes of every tensor autograd saves (a saved-tensor hook:
+deterministic, unlike the process's peak memory) and the median of 3 forward+backward times.
 """
 
 from __future__ import annotations
@@ -17,18 +17,20 @@ from transformers import Qwen2Config
 
 from verl.models.mcore import build_gpt_model, ensure_model_parallel_initialized, forward_logits
 
+FULL = {"recompute_granularity": "full"}
+SELECTIVE = {"recompute_granularity": "selective"}
 SETTINGS = {
     "stored (no recomputation)": {},
-    "full, uniform, 1 layer per group": {"recompute_method": "uniform", "recompute_num_layers": 1},
-    "full, uniform, 4 layers per group": {"recompute_method": "uniform", "recompute_num_layers": 4},
-    "full, block, first 4 layers": {"recompute_method": "block", "recompute_num_layers": 4},
+    "full, uniform, 1 layer per group": {**FULL, "recompute_method": "uniform", "recompute_num_layers": 1},
+    "full, uniform, 4 layers per group": {**FULL, "recompute_method": "uniform", "recompute_num_layers": 4},
+    "full, block, first 4 layers": {**FULL, "recompute_method": "block", "recompute_num_layers": 4},
+    "selective, core_attn": {**SELECTIVE, "recompute_modules": ["core_attn"]},
+    "selective, core_attn + mlp": {**SELECTIVE, "recompute_modules": ["core_attn", "mlp"]},
 }
 
 
 def measure(config: Qwen2Config, batch: int, seq: int, **recompute) -> tuple[float, float]:
     """(MiB autograd saved, median seconds of forward + backward)."""
-    if recompute:
-        recompute["recompute_granularity"] = "full"
     model = build_gpt_model(config, seed=1, **recompute).train()
     input_ids = torch.randint(0, config.vocab_size, (batch, seq))
     position_ids = torch.arange(seq).expand(batch, seq)

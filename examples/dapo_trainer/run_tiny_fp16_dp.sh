@@ -9,8 +9,9 @@
 # No KL term, as in DAPO. No download, no GPU. Extra key=value arguments override the ones below, e.g.
 #   bash examples/dapo_trainer/run_tiny_fp16_dp.sh trainer.total_training_steps=5
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 
-python3 -m verl.trainer.main_ppo \
+exec "$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     algorithm.use_kl_in_reward=false \
     algorithm.filter_groups.enable=true \

@@ -8,10 +8,11 @@
 # fp16_warn_and_count skips them and stops only after more than 20 consecutive failed updates the scaler
 # could not absorb (the scale already at min_loss_scale).
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 : "${MODEL_PATH:?set MODEL_PATH to a local Qwen2.5-0.5B-Instruct directory}"
 : "${DATA_DIR:?set DATA_DIR to the --output_dir of examples/data_preprocess/gsm8k.py}"
 
-python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
+exec "$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

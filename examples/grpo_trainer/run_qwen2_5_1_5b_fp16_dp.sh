@@ -6,10 +6,11 @@
 # Extra key=value arguments override the ones below, e.g. trainer.total_epochs=1.
 # The policy stops after more than 20 consecutive failed updates the fp16 loss scaler could not absorb.
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 : "${MODEL_PATH:?set MODEL_PATH to a local Qwen2.5-1.5B-Instruct directory}"
 : "${DATA_DIR:?set DATA_DIR to the --output_dir of examples/data_preprocess/gsm8k.py}"
 
-python3 -m verl.trainer.main_ppo \
+exec "$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/test.parquet" \

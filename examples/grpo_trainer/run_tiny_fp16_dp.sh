@@ -5,8 +5,9 @@
 # fp16 starts at loss scale 2**32, so the first updates overflow and are skipped while the scaler backs off;
 # fp16_warn_and_count skips them with a warning and stops only on a streak the scaler cannot absorb.
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 
-python3 -m verl.trainer.main_ppo \
+exec "$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=grpo \
     data.train_batch_size=16 \
     actor_rollout_ref.model.path=default \

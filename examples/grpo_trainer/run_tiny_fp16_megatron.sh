@@ -5,8 +5,9 @@
 # The policy is given as a mapping to show the form that takes parameters: stop after more than 10 consecutive
 # failed updates the loss scaler could not absorb.
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 
-python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
+exec "$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     algorithm.adv_estimator=grpo \
     data.train_batch_size=16 \
     actor_rollout_ref.actor.strategy=megatron \

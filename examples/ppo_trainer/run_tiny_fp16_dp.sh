@@ -3,8 +3,9 @@
 # plain-PyTorch (dp) backend for actor and critic. Extra key=value arguments override the ones below.
 # Actor and critic each have their own loss scaler and their own update-failure policy.
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 
-python3 -m verl.trainer.main_ppo \
+exec "$PYTHON" -m verl.trainer.main_ppo \
     algorithm.adv_estimator=gae \
     algorithm.gamma=1.0 \
     algorithm.lam=0.95 \

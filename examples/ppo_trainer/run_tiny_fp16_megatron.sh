@@ -3,8 +3,9 @@
 # megatron-core backend for actor and critic (its CPU path). Needs `pip install verl[megatron]`.
 # Extra key=value arguments override the ones below.
 set -euo pipefail
+source "$(dirname "$0")/../python_env.sh"
 
-python3 -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
+exec "$PYTHON" -m verl.trainer.main_ppo --config-name ppo_megatron_trainer \
     algorithm.adv_estimator=gae \
     algorithm.gamma=1.0 \
     algorithm.lam=0.95 \

@@ -268,6 +268,90 @@ def _record(rel_path: str, text: str, run: tuple[list[dict], list[str], str]) ->
     }
 
 
+# Where each entry point of verl's looks for its config (relative to verl's package) and the config it composes.
+_VERL_CONFIG_DIRS = {
+    "verl.trainer.main_ppo": "trainer/config",
+    "verl.experimental.fully_async_policy.fully_async_main": "experimental/fully_async_policy/config",
+    "verl.experimental.one_step_off_policy.main_ppo": "experimental/one_step_off_policy/config",
+}
+# Run in a Python whose ``verl`` is verl's own (the archive's), so that verl's ``pkg://verl.trainer.config`` search
+# path finds verl's files: composes each script's overrides with verl's own Hydra config tree; prints
+# {script: Hydra's first line, or null}.
+_VERL_COMPOSE = r"""
+import json, os, sys
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+root, jobs = sys.argv[1], json.load(sys.stdin)
+out = {}
+for job in jobs:
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=os.path.join(root, job["config_dir"]), version_base=None):
+            compose(config_name=job["config_name"], overrides=job["overrides"])
+        out[job["script"]] = None
+    except Exception as err:
+        out[job["script"]] = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+print(json.dumps(out))
+"""
+
+
+def broken_in_verl(git_dir: str, commit: str, records: list[dict]) -> dict[str, str | None]:
+    """{script: why it cannot start in verl itself, or None}: its command line does not compose with verl's own
+    config files at ``commit`` (a key verl's YAML lacks, a config file verl does not have), or an override names a
+    file of verl's repository that ``commit`` does not have. Such a script cannot start here either; the start-up
+    test counts it apart, with this reason."""
+    with tempfile.TemporaryDirectory(prefix="verl_tree_") as tmp:
+        archive = subprocess.run(
+            ["git", "--git-dir", git_dir, "archive", commit, "verl"], capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        jobs = []
+        for record in records:
+            config_dir = _VERL_CONFIG_DIRS[record["entry_point"]]
+            if record["config_path"]:  # verl resolves it against the entry point's directory
+                config_dir = os.path.normpath(os.path.join(os.path.dirname(config_dir), record["config_path"]))
+            name = (record["config_name"] or OUR_ENTRY_POINTS[record["entry_point"]]).removesuffix(".yaml")
+            jobs.append(
+                {
+                    "script": record["script"],
+                    "config_dir": config_dir,
+                    "config_name": name,
+                    "overrides": record["overrides"],
+                }
+            )
+        env = {**os.environ, "PYTHONPATH": tmp, "HYDRA_FULL_ERROR": "0"}
+        done = subprocess.run(
+            [sys.executable, "-c", _VERL_COMPOSE, os.path.join(tmp, "verl")],
+            input=json.dumps(jobs),
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            cwd=tmp,
+        )
+        reasons = json.loads(done.stdout.strip().splitlines()[-1])
+    for record in records:
+        if reasons[record["script"]] is None:
+            reasons[record["script"]] = _missing_repo_file(git_dir, commit, record)
+    return {script: (f"in verl {commit} too: {why}" if why else None) for script, why in reasons.items()}
+
+
+def _missing_repo_file(git_dir: str, commit: str, record: dict) -> str | None:
+    """The first override whose value is a Python file of the repository the script ran in (the extraction's
+    ``.../repo/``) that ``commit`` lacks, as "<key> names <path>, which verl's repository does not have"; else
+    None."""
+    for override in record["overrides"]:
+        key, _, value = override.partition("=")
+        match = re.search(r"/verl_scripts_[^/]+/repo/(\S+\.py)\b", value)  # code (data files are the user's)
+        if match is None:
+            continue
+        path = match.group(1).strip("'\"")
+        found = subprocess.run(["git", "--git-dir", git_dir, "cat-file", "-e", f"{commit}:{path}"], capture_output=True)
+        if found.returncode != 0:
+            return f"{key.lstrip('+~')} names {path}, which verl's repository does not have"
+    return None
+
+
 def extract(git_dir: str, commit: str, dirs: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
     """(records of the scripts this package's trainers run, records of the others with the reason) under ``dirs``."""
     ours, not_ours = [], []
@@ -290,13 +374,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--commit", default=None, help="verl's commit whose scripts to extract (default: the set's)")
     parser.add_argument("--dirs", nargs="+", default=None, help="directories of verl's repository (default: the set's)")
     parser.add_argument("--out", type=Path, default=None, help="the JSON file to write (default: the set's)")
+    parser.add_argument(
+        "--recheck-in-verl",
+        action="store_true",
+        help="only check the stored scripts against verl's own config (broken_in_verl), without extracting again",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     commit, dirs, out = SCRIPT_SETS[args.set]
     commit, dirs, out = args.commit or commit, tuple(args.dirs or dirs), args.out or out
-    ours, not_ours = extract(
-        os.path.abspath(args.git_dir) if os.path.exists(args.git_dir) else args.git_dir, commit, dirs
-    )
+    git_dir = os.path.abspath(args.git_dir) if os.path.exists(args.git_dir) else args.git_dir
+    if args.recheck_in_verl:
+        payload = json.loads(out.read_text())
+        reasons = broken_in_verl(git_dir, payload["verl_commit"], payload["scripts"])
+        for record in payload["scripts"]:
+            record["broken_in_verl"] = reasons[record["script"]]
+        out.write_text(json.dumps(payload, indent=1) + "\n")
+        logger.info("%d of %d scripts cannot start in verl either", sum(map(bool, reasons.values())), len(reasons))
+        return
+    ours, not_ours = extract(git_dir, commit, dirs)
+    if args.set != "january":  # January's file predates this check (its start-up test lists verl's broken ones)
+        reasons = broken_in_verl(git_dir, commit, ours)
+        for record in ours:
+            record["broken_in_verl"] = reasons[record["script"]]
     payload = {"verl_commit": commit, "source_dirs": list(dirs), "scripts": ours}
     if args.set != "january" or not_ours:  # the January file predates the listing (every script there is ours)
         payload["not_ours"] = not_ours

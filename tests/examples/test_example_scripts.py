@@ -2,8 +2,10 @@
 
 Each ``examples/**/run_*.sh`` is parsed the way bash would expand it (line continuations joined, environment
 variables replaced by dummy values, quotes removed), its ``key=value`` overrides are composed with Hydra on the
-config the script names, and the result goes through the trainer's start-up validation. The preprocessing script
-runs on a tiny GSM8K-format fixture written by the test.
+config the script names, and the result goes through the trainer's start-up validation. Every script takes its
+interpreter from ``examples/python_env.sh`` (``$VERL_PYTHON``, else the project's ``.venv``, else ``python3``), which
+runs here on copies in temporary trees. The preprocessing script runs on a tiny GSM8K-format fixture written by the
+test.
 """
 
 import json
@@ -26,7 +28,9 @@ CONFIG_DIR = REPO / "verl" / "trainer" / "config"
 SCRIPTS = sorted((REPO / "examples").glob("*/run_*.sh"))
 GPU_SCRIPTS = {"run_qwen2_5_0_5b_fp16_megatron.sh", "run_qwen2_5_1_5b_fp16_dp.sh"}
 DUMMY_ENV = {"MODEL_PATH": "/dummy/model", "DATA_DIR": "/dummy/data"}
-ENTRY = "python3 -m verl.trainer.main_ppo"
+ENTRY = 'exec "$PYTHON" -m verl.trainer.main_ppo'
+PYTHON_ENV = REPO / "examples" / "python_env.sh"
+SOURCE_PYTHON_ENV = 'source "$(dirname "$0")/../python_env.sh"'
 _VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
 
 
@@ -45,7 +49,7 @@ def expand(text: str) -> str:
 
 
 def parse_script(path: Path) -> tuple[str, list[str]]:
-    """(config name, overrides) of the script's ``python3 -m verl.trainer.main_ppo`` command."""
+    """(config name, overrides) of the script's ``exec "$PYTHON" -m verl.trainer.main_ppo`` command."""
     logical_lines = path.read_text().replace("\\\n", " ").splitlines()
     commands = [line.strip() for line in logical_lines if ENTRY in line]
     assert len(commands) == 1, f"{path.name}: expected one '{ENTRY}' command, found {len(commands)}"
@@ -98,6 +102,41 @@ def test_script_composes_and_validates(path):
         assert cfg.algorithm.filter_groups.enable and cfg.reward_model.overlong_buffer.enable
         assert cfg.reward_model.reward_manager == "dapo" and actor.loss_agg_mode == "token-mean"
         assert actor.clip_ratio_high > actor.clip_ratio_low
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_script_runs_the_interpreter_the_shared_helper_chooses(path):
+    lines = path.read_text().splitlines()
+    # the helper is sourced right after `set -euo pipefail`, before anything runs Python
+    assert lines[lines.index("set -euo pipefail") + 1] == SOURCE_PYTHON_ENV
+    code = [line for line in lines if not line.lstrip().startswith("#")]
+    assert not [line for line in code if re.search(r"\bpython3?\b", line) and "-m verl" in line and ENTRY not in line]
+
+
+def python_chosen(root: Path, env: dict[str, str]) -> str:
+    """``$PYTHON`` after a script in ``root/examples/<dir>/`` sourced a copy of the helper, as the scripts do."""
+    (root / "examples" / "grpo_trainer").mkdir(parents=True, exist_ok=True)
+    (root / "examples" / "python_env.sh").write_text(PYTHON_ENV.read_text())
+    script = root / "examples" / "grpo_trainer" / "run_x.sh"
+    script.write_text(f'set -euo pipefail\n{SOURCE_PYTHON_ENV}\necho "$PYTHON"\n')
+    proc = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_the_helper_takes_verl_python_else_the_projects_venv_else_python3(tmp_path):
+    # no .venv in a clone nobody set up: python3 from PATH (an environment the user activated)
+    assert python_chosen(tmp_path, {}) == "python3"
+    # README's first command created .venv: the examples use it without activating anything
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("#!/bin/sh\n")
+    venv_python.chmod(0o755)
+    assert python_chosen(tmp_path, {}) == str(venv_python)
+    # a user's own choice wins over both
+    assert python_chosen(tmp_path, {"VERL_PYTHON": "/opt/conda/envs/verl/bin/python"}) == (
+        "/opt/conda/envs/verl/bin/python"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(GPU_SCRIPTS))

@@ -62,6 +62,8 @@ def _actor(layout, rank: int, hf_model, lora=None, megatron=None, **overrides):
         "use_megatron_optimizer": "auto",
         **(megatron or {}),
     }
+    # checkpoints with the huggingface/ export, which the round trips compare with the gathered weights
+    overrides.setdefault("checkpoint", {"save_contents": ["model", "optimizer", "extra", "hf_model"]})
     cfg = actor_config(strategy="megatron", megatron=megatron, seed=1, **overrides)
     return build_megatron_actor(
         hf_model.config,

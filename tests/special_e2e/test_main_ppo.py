@@ -41,14 +41,17 @@ def run_main(tmp_path: Path, *overrides: str, name: str = "run") -> tuple[subpro
 def run_main_until_signal(
     tmp_path: Path, *overrides: str, name: str, after_step: int, sig: int = signal.SIGTERM
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    """:func:`run_main`, with ``sig`` sent to the driver once ``metrics.jsonl`` has the row of ``after_step``."""
+    """:func:`run_main`, with ``sig`` sent to the driver's whole process group (as ``timeout`` or a scheduler sends
+    it: Ray's daemons, the driver's children, get it too) once ``metrics.jsonl`` has the row of ``after_step``."""
     out_dir = tmp_path / name
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *SMALL, f"trainer.default_local_dir={out_dir}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     while proc.poll() is None and after_step not in [r["step"] for r in _rows_so_far(out_dir)]:
         time.sleep(0.1)  # polling for the row; the test asserts nothing about time
-    proc.send_signal(sig)
+    os.killpg(proc.pid, sig)
     stdout, stderr = proc.communicate(timeout=600)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), out_dir
 

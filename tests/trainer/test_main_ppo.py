@@ -43,8 +43,7 @@ BAD_VALUES = [
     ("+trainer.totl_training_steps=5", "trainer.totl_training_steps"),
     ("+foo.bar=1", "foo"),
     (f"{A}.fault_injection.ranks=[5]", f"{A}.fault_injection.ranks"),  # one worker: rank 5 never exists
-    # a Hugging Face config attribute the model lacks (a typo would otherwise change nothing)
-    ("+actor_rollout_ref.model.override_config.rms_norm_epsilon=0.1", "actor_rollout_ref.model.override_config"),
+    # (an attribute the model's config lacks is set with a warning, as verl does: tests/models/test_loading.py)
     ("actor_rollout_ref.model.override_config=3", "actor_rollout_ref.model.override_config"),
 ]
 
@@ -71,7 +70,7 @@ def test_a_missing_model_directory_is_one_clean_message(caplog, tmp_path):
     overrides = ["actor_rollout_ref.model.path=/no/such/model", "embedded@_global_=tiny_grpo_fp16"]
     code, message = run_and_capture(caplog, overrides, tmp_path)
     assert code == EXIT_BAD_CONFIG
-    assert message.startswith("Bad config: actor_rollout_ref.model.path='/no/such/model' does not load"), message
+    assert message.startswith("Bad config: actor_rollout_ref.model.path='/no/such/model' does not exist"), message
     assert "Traceback" not in message
 
 

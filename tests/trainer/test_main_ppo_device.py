@@ -96,3 +96,39 @@ def test_out_of_scope_features_are_refused_by_name_at_start_up(override, named):
 @pytest.mark.parametrize("override", ["transfer_queue.enable=false", "distillation.enabled=false"])
 def test_the_off_switches_of_verls_scripts_start(override):
     assert parse_command_line([override], CONFIG_DIR, "ppo_trainer").validate() is not None
+
+
+def test_a_script_using_several_out_of_scope_features_hears_all_of_them_before_any_unknown_key():
+    overrides = [
+        "actor_rollout_ref.rollout.name=trtllm",
+        "actor_rollout_ref.no_such_key=1",  # Hydra would stop here first without the scan
+        "model_engine=veomni",
+    ]
+    with pytest.raises(ValueError) as info:
+        parse_command_line(overrides, CONFIG_DIR, "ppo_trainer")
+    message = str(info.value)
+    assert message.startswith("2 settings ask for features out of scope here:")
+    assert "rollout.name=trtllm: TensorRT-LLM" in message and "model_engine=veomni asks for" in message
+    assert "no_such_key" not in message
+
+
+@pytest.mark.parametrize(
+    "override, suggested",
+    [
+        # a typo in the section: the section's nearest key by its last part
+        ("actor_rollout_ref.actor.optim.lrr=1e-6", "Did you mean actor_rollout_ref.actor.optim.lr?"),
+        # a key put in the wrong section: the keys of that name elsewhere
+        ("actor_rollout_ref.actor.lr=1e-6", "Did you mean actor_rollout_ref.actor.optim.lr or critic.optim.lr?"),
+    ],
+)
+def test_an_unknown_key_gets_the_nearest_known_keys_and_not_hydras_plus_advice(override, suggested):
+    with pytest.raises(ValueError) as info:
+        parse_command_line([override], CONFIG_DIR, "ppo_trainer")
+    message = str(info.value)
+    assert suggested in message
+    assert "To append to your config use" not in message and "is not a key of this config" in message
+
+
+def test_an_unknown_key_added_with_plus_gets_the_nearest_known_key_too():
+    with pytest.raises(ValueError, match=r"optim.lrr is not a known config key. Did you mean actor_rollout_ref.act"):
+        parse_command_line(["+actor_rollout_ref.actor.optim.lrr=1e-6"], CONFIG_DIR, "ppo_trainer").validate()

@@ -236,3 +236,34 @@ def test_no_restart_once_a_stop_was_asked(tmp_path, monkeypatch, caplog):
     code, attempts, _, _ = train(monkeypatch, typed(tmp_path, "trainer.max_restarts=3"), [hang_after_a_signal], caplog)
     # restarts are left, but the run was asked to stop: it reports the hang instead of rebuilding
     assert (code, attempts.restarts) == (main_ppo.EXIT_WORKER_DIED, 0)
+
+
+def test_a_handlers_message_without_a_full_stop_is_not_glued_to_the_trainers(tmp_path, monkeypatch, caplog):
+    from verl.workers.update_outcome import UpdateFailedError
+
+    code, _, lines, _ = train(monkeypatch, typed(tmp_path), [UpdateFailedError("my handler gave up")], caplog)
+    assert code == main_ppo.EXIT_POLICY_STOP
+    assert "Training stopped by the update-failure policy: my handler gave up. Last good checkpoint: none" in lines
+
+
+@pytest.mark.parametrize("steps, said", [(1, "after 1 step:"), (2, "after 2 steps:")])
+def test_the_finished_line_counts_steps_in_words(tmp_path, monkeypatch, caplog, steps, said):
+    import verl.trainer.ppo.ray_trainer as ray_trainer
+
+    class Trainer:  # a trainer that makes `steps` steps
+        def __init__(self, config, groups, data, tracker, run):
+            self.global_step = 0
+
+        def fit(self):
+            self.global_step = steps
+
+        def final_summary(self):
+            return "critic/score/mean=0.5"
+
+    monkeypatch.setattr(main_ppo, "build_worker_groups", lambda config, plan: ())
+    monkeypatch.setattr(ray_trainer, "RayPPOTrainer", Trainer)
+    config = typed(tmp_path)
+    attempts = main_ppo._Attempts(resume_from=None, last_good=None)
+    with caplog.at_level(logging.INFO, logger="verl.trainer"):
+        main_ppo._attempt(config, None, build_run_plan(config), None, attempts)
+    assert f"training finished {said} critic/score/mean=0.5" in [r.getMessage() for r in caplog.records]

@@ -5,11 +5,14 @@ the previous ones after, so a signal never reaches pytest's own handling.
 """
 
 import logging
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
-from verl.trainer.preemption import StopAtOnce, StopSignals
+from verl.trainer.preemption import StopAtOnce, StopSignals, children_ignore_sigterm
 
 
 @pytest.fixture
@@ -64,3 +67,29 @@ def test_restore_puts_back_the_handlers_found_at_the_first_install():
         assert signal.getsignal(signal.SIGTERM) is ray_like and signal.getsignal(signal.SIGINT) is before_int
     finally:
         signal.signal(signal.SIGTERM, before_term)
+
+
+def _signal_set(pid: int, field: str) -> int:
+    """A signal bit field of ``/proc/<pid>/status`` (``SigBlk``: blocked; ``ShdPnd``: pending for the process)."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1], 16) for line in status if line.startswith(field + ":"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_process_started_inside_ignores_sigterm_and_the_drivers_mask_is_put_back():
+    # what Ray's daemons get when ray.init starts them inside: a group's SIGTERM (timeout, a scheduler) stays pending
+    # in them, for the driver alone to answer
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    with children_ignore_sigterm():
+        child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+        assert signal.SIGTERM not in before
+        sigterm_bit = 1 << (signal.SIGTERM - 1)
+        assert _signal_set(child.pid, "SigBlk") & sigterm_bit
+        os.kill(child.pid, signal.SIGTERM)
+        assert _signal_set(child.pid, "ShdPnd") & sigterm_bit  # waiting, not delivered: the child lives on
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()

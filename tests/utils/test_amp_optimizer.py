@@ -133,3 +133,20 @@ def test_plain_parameters_get_the_fused_adamw_step_with_the_same_result():
     assert optimizer.optimizer.param_groups[0]["fused"] is True
     # one fused kernel or the per-tensor loop: the same AdamW arithmetic, to rounding
     torch.testing.assert_close(trained(True), trained(False), atol=1e-6, rtol=1e-6)
+
+
+def test_scheduler_follows_the_sections_cosine_keys():
+    from verl.utils.amp_optimizer import build_scheduler
+
+    torch_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    optim = optim_section(lr=1.0, lr_scheduler="cosine", num_cycles=1.0, min_lr_ratio=None)
+    scheduler = build_scheduler(torch_optimizer, optim, total_training_steps=4)
+    lrs = []
+    for _ in range(5):
+        lrs.append(scheduler.get_last_lr()[0])
+        torch_optimizer.step()
+        scheduler.step()
+    # a whole wave over 4 steps, floor 0 (null reads 0): 0.5 * (1 + cos(2 pi * step / 4)) = 1, 0.5, 0, 0.5, 1
+    assert lrs == pytest.approx([1.0, 0.5, 0.0, 0.5, 1.0])
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.optim\.num_cycles must be a number > 0"):
+        optim_section(num_cycles=0)

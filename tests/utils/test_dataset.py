@@ -71,7 +71,7 @@ def test_file_errors(tmp_path):
         RLHFDataset(_write_jsonl(tmp_path / "c.jsonl", [{"prompt": 5, "ground_truth": "1"}]))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1=", "ground_truth": "1"}\nnot json\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2 is not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2 \(row 1\): not valid JSON"):
         RLHFDataset(bad)
 
 

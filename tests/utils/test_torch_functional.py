@@ -188,6 +188,32 @@ def test_compute_response_log_probs_picks_shifted_positions_and_temperature():
     assert log_probs_t1[0, 1].item() == pytest.approx(2.0 - math.log(math.e**2 + 3.0), rel=1e-6)
 
 
+def test_compiled_entropy_gives_the_eager_numbers_from_one_graph(monkeypatch):
+    # the "eager" backend: Dynamo's tracing, guards and recompilation without inductor's code generation (minutes on
+    # this CPU); what inductor does with the graph is the same operations, fused
+    import torch._dynamo.testing
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("eager")
+    monkeypatch.setattr(tf, "ENTROPY_COMPILE_BACKEND", counter)
+    torch._dynamo.reset()
+    input_ids = torch.tensor([[1, 2, 3, 2, 0]])
+    for num_rows, chunking, checkpointing in ((2, False, False), (3, False, True), (4, True, False)):
+        logits = torch.randn(num_rows, 5, 4, generator=torch.Generator().manual_seed(num_rows), requires_grad=True)
+        logits.data[0, 2] = 0.0  # uniform: entropy log 4 for the first response token of row 0
+        ids = input_ids.expand(num_rows, 5)
+        options = {"calculate_entropy": True, "entropy_chunking": chunking, "entropy_checkpointing": checkpointing}
+        _, want = tf.compute_response_log_probs(logits, ids, 2, **options)
+        _, got = tf.compute_response_log_probs(logits, ids, 2, entropy_compiled=True, **options)
+        assert got[0, 0].item() == pytest.approx(math.log(4.0), rel=1e-6)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        (want_grad,) = torch.autograd.grad(want.sum(), logits)
+        (got_grad,) = torch.autograd.grad(got.sum(), logits)
+        torch.testing.assert_close(got_grad, want_grad, atol=1e-6, rtol=0)
+    # one graph per entropy function (plain, chunked), whatever the number of rows (dynamic shapes)
+    assert counter.frame_count == 2
+    assert tf.compiled_entropy(tf.entropy_from_logits) is tf.compiled_entropy(tf.entropy_from_logits)
+
+
 # ---------------------------------------------------------------------------------------------- LR schedules
 
 
@@ -227,11 +253,26 @@ def test_cosine_schedule_with_warmup():
     assert lrs[12] == pytest.approx(0.1)  # past the end it stays at the floor
 
 
+def test_cosine_schedule_num_cycles_sets_the_waves():
+    opt = _optimizer()
+    sched = tf.build_lr_scheduler(opt, "cosine", num_warmup_steps=0, num_training_steps=8, num_cycles=1.0)
+    # one whole wave over 8 steps: 0.5 * (1 + cos(2 pi * step / 8)); past the end it stays where the wave ended
+    assert _lrs(sched, opt, 11)[::2] == pytest.approx([1.0, 0.5, 0.0, 0.5, 1.0, 1.0])
+    # verl's signature: num_cycles after min_lr_ratio; the default 0.5 is the half wave down to the floor
+    opt = _optimizer()
+    half = tf.get_cosine_schedule_with_warmup(opt, 0, 4, 0.2)
+    assert _lrs(half, opt, 5) == pytest.approx(
+        [1.0, 0.2 + 0.4 * (1 + math.cos(math.pi / 4)), 0.6, 0.2 + 0.4 * (1 + math.cos(3 * math.pi / 4)), 0.2]
+    )
+
+
 def test_lr_scheduler_errors():
     with pytest.raises(ValueError, match="constant"):
         tf.build_lr_scheduler(_optimizer(), "linear", 0, 10)
     with pytest.raises(ValueError, match="min_lr_ratio"):
         tf.build_lr_scheduler(_optimizer(), "cosine", 0, 10, min_lr_ratio=1.5)
+    with pytest.raises(ValueError, match="num_cycles"):
+        tf.build_lr_scheduler(_optimizer(), "cosine", 0, 10, num_cycles=0.0)
 
 
 def test_log_prob_temperature_is_one_for_greedy_and_the_temperature_otherwise():

@@ -131,3 +131,61 @@ def test_validation_samples_go_to_their_own_file_and_follow_resume_and_fresh_sta
     tracker.set_aside_earlier_rows()  # a fresh start moves both files aside
     assert not path.exists() and len(list(tmp_path.glob("val_generations.*.jsonl"))) == 1
     tracker.close()
+
+
+def test_fresh_starts_keep_only_the_newest_set_aside_copies(tmp_path, monkeypatch):
+    import verl.utils.tracking as tracking
+
+    # seven fresh starts, the last two in the same second: each moves the run before it aside
+    stamps = iter(
+        [
+            "20250101-000001",
+            "20250101-000002",
+            "20250101-000003",
+            "20250101-000004",
+            "20250101-000005",
+            "20250101-000006",
+            "20250101-000006",
+        ]
+    )
+    monkeypatch.setattr(tracking, "_set_aside_stamp", lambda: next(stamps))  # not time.strftime: logging uses it
+    unrelated = tmp_path / "metrics.backup.jsonl"  # not a dated copy: never removed
+    unrelated.write_text('{"step": 1}\n')
+    for run in range(7):
+        (tmp_path / "metrics.jsonl").write_text(f'{{"step": 1, "run": {run}}}\n')
+        Tracking(["jsonl"], tmp_path, "p", "e").set_aside_earlier_rows()
+    kept = sorted(p.name for p in tmp_path.glob("metrics.2*.jsonl"))
+    # KEEP_SET_ASIDE = 5 newest: runs 2..6; the second copy of one second got "-1" instead of replacing the first
+    assert tracking.KEEP_SET_ASIDE == 5
+    assert kept == [
+        "metrics.20250101-000003.jsonl",
+        "metrics.20250101-000004.jsonl",
+        "metrics.20250101-000005.jsonl",
+        "metrics.20250101-000006-1.jsonl",
+        "metrics.20250101-000006.jsonl",
+    ]
+    assert '"run": 6' in (tmp_path / "metrics.20250101-000006-1.jsonl").read_text() and unrelated.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "sinks"),
+    [
+        (["console", "jsonl"], ["console", "jsonl"]),
+        ("console", ["console"]),
+        # a list spelt as a string (verl's scripts quote it inside a double-quoted bash string): the same list
+        ("[console,jsonl]", ["console", "jsonl"]),
+        ("['console', \"jsonl\"]", ["console", "jsonl"]),
+        (" [ console ] ", ["console"]),
+        ("[]", []),
+    ],
+)
+def test_sink_names_read_a_list_a_name_or_a_list_spelt_as_a_string(value, sinks):
+    assert tracking.sink_names(value) == sinks
+
+
+def test_tracking_takes_a_list_spelt_as_a_string_as_the_list(tmp_path):
+    tracker = Tracking("[console,jsonl]", tmp_path, "p", "e")
+    tracker.log({"loss": 0.5}, step=1)
+    tracker.close()
+    assert tracker.loggers == ["console", "jsonl"]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "loss": 0.5}]

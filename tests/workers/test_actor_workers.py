@@ -236,3 +236,41 @@ def test_the_worker_follows_the_run_plan_it_is_given():
     worker = worker_classes("dp")[0](config.actor_rollout_ref, dataclasses.replace(plan, needs_reference=False))
     worker.init_model()
     assert worker.ref is None
+
+
+def test_the_worker_profiles_generation_in_a_token_window_and_runs_the_finish_hook_after_the_last_window(tmp_path):
+    # verl's profile script's shape on one rank: the actor's window trace, the rollout's own trace of generation
+    # (discrete) narrowed to response tokens [1, 3), and a finish hook after the last window
+    import json
+
+    from verl.trainer.data_setup import build_data
+
+    R = "actor_rollout_ref.rollout.profiler"
+    config = compose_ppo_config(
+        [
+            "actor_rollout_ref.actor.strategy=dp",
+            "global_profiler.tool=torch",
+            "global_profiler.steps=[1]",
+            f"global_profiler.save_path={tmp_path}",
+            f"global_profiler.finish_hook_cmd='echo $VERL_PROFILE_ROLE $VERL_PROFILE_RANK > {tmp_path}/hook'",
+            "actor_rollout_ref.actor.profiler.enable=true",
+            "actor_rollout_ref.actor.profiler.ranks=[0]",
+            f"{R}.tool_config.torch.discrete=true",
+            f"{R}.tool_config.torch.profile_token_start=1",
+            f"{R}.tool_config.torch.profile_token_end=3",
+        ]
+    )
+    worker = built_worker(worker_classes("dp")[0], config, 4)
+    worker.init_model()
+    prompts = next(build_data(config, 1).train_loader)
+    worker.start_profile(1)
+    samples = worker.generate_sequences(prompts)
+    worker.compute_log_prob(samples)
+    written = [path.rsplit("/", 1)[-1] for path in worker.stop_profile(True)]
+    assert written == ["actor_rollout_ref_rank0_step1_gen.json", "actor_rollout_ref_rank0_step1.json"]
+    assert (tmp_path / "hook").read_text().split() == ["actor_rollout_ref", "0"]
+    # generation is the rollout's (its token window opened by the naive rollout's loop), out of the window's trace
+    gen = {event.get("name") for event in json.loads((tmp_path / written[0]).read_text())["traceEvents"]}
+    window = {event.get("name") for event in json.loads((tmp_path / written[1]).read_text())["traceEvents"]}
+    assert "aten::softmax" in gen or "aten::_softmax" in gen  # the sampler's, token by token
+    assert "old_log_prob" in window and "gen" not in window

@@ -1,6 +1,7 @@
 """The fsdp2 workers outside a worker group (rank 0 of 1): what init_model builds, the refused hf rollout, the
 sampler's stop agreement over the actor's group, a checkpoint written and read back by every rank (here the one),
-verl's fsdp_config precision keys (model_dtype, mixed_precision) and its shared-memory model copy (model.use_shm)."""
+verl's fsdp_config precision keys (model_dtype, mixed_precision), its activation offload and its shared-memory model
+copy (model.use_shm)."""
 
 import time
 from pathlib import Path
@@ -163,6 +164,22 @@ def test_model_dtype_loads_and_shards_each_model_in_its_dtype():
     for module in (worker.actor.model_module(), worker.ref.model_module()):
         assert {b.dtype for b in module.buffers()} == {torch.float32}
     assert worker.actor.optimizer.get_loss_scale() is None  # bf16 training: no loss scale
+
+
+def test_verls_qwen3_next_keys_on_the_fp16_default_load_bf16_shards_and_offload_the_update_activations():
+    # run_qwen3_next_80b_a3b_fsdp.sh's keys, with actor.dtype at this project's float16: the actor's weights load
+    # and stay in bf16 (the fp16 compute keeps its loss scale), the reference's null model_dtype is verl's bf16 for a
+    # forward-only model, and the actor's backend offloads its update's activations (the reference trains nothing)
+    worker = make_worker(
+        f"{ACTOR_FSDP}.model_dtype=bfloat16",
+        f"+{ACTOR_FSDP}.mixed_precision.reduce_dtype=bf16",
+        "actor_rollout_ref.model.enable_activation_offload=True",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"{REF_FSDP}.model_dtype=null",
+    )
+    assert local_dtypes(worker.actor.model_module()) == local_dtypes(worker.ref.model_module()) == {torch.bfloat16}
+    assert worker.actor.optimizer.get_loss_scale() is not None  # fp16 compute: the dynamic loss scale
+    assert worker.actor.backend.offload_activations and not worker.ref.backend.offload_activations
 
 
 def test_an_fp16_kept_reference_gives_the_untrained_fp16_actors_log_probs_and_a_bf16_kept_one_does_not():

@@ -79,9 +79,12 @@ def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, key
     Both of verl's spellings are taken: the flat one of its FSDP workers (``override_config.attention_dropout``) and
     the nested one of its megatron workers (``override_config.model_config.max_position_embeddings``).
 
+    An entry naming an attribute the config's class does not have is set all the same, as verl does (and as
+    ``transformers`` keeps unknown keys of a ``config.json``), with a warning naming it: the model's code never reads
+    it, so a typo changes nothing (verl's scripts set GPT-2's ``embd_pdrop`` and ``resid_pdrop`` on Qwen models).
+
     Raises:
-        ValueError: an entry names an attribute the config does not have (a typo would otherwise change nothing), or
-            verl's ``moe_config`` (MoE models are out of scope here).
+        ValueError: verl's ``moe_config`` (MoE models are out of scope here).
     """
     overrides = dict(overrides or {})
     if "moe_config" in overrides:
@@ -90,9 +93,13 @@ def apply_config_overrides(config: Any, overrides: Mapping[str, Any] | None, key
         overrides = {**overrides.pop("model_config"), **overrides}  # verl's megatron form
     for name, value in overrides.items():
         if not hasattr(config, name):
-            raise ValueError(
-                f"{key}.{name}: the model's config ({type(config).__name__}) has no attribute {name!r}, so the "
-                "override would change nothing. Check the name against the model's config.json."
+            logger.warning(
+                "%s.%s: the model's config (%s) has no attribute %r; it is set, but the model's code does not read "
+                "it, so it changes nothing. Check the name against the model's config.json.",
+                key,
+                name,
+                type(config).__name__,
+                name,
             )
         setattr(config, name, value)
     return config

@@ -2,6 +2,13 @@
 
 ``data.train_files: null`` means the embedded task, generated from ``data.seed`` (no files, no download); files are
 parquet or JSONL with ``prompt``, ``ground_truth`` and ``data_source`` columns.
+
+Every row of every file is checked before Ray starts (:func:`check_rows`): a row that cannot be used (a missing,
+null or empty prompt or ground truth, a value of the wrong type, text that is not UTF-8) and, with
+``data.truncation=error``, a prompt longer than ``data.max_prompt_length`` (counted with the tokenizer over the whole
+data set, in batches) is a problem naming the file, the row and the column; all of them are refused in one message,
+unless a key asks to leave them out: ``data.skip_bad_rows`` for rows that cannot be used,
+``data.filter_overlong_prompts`` (verl's key) for prompts that are too long. What is left out is counted in the log.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl.protocol import DataProto
+from verl.utils.dataset.row_checks import RowProblem, describe_problems
 from verl.workers.config import PPOConfig
 from verl.workers.config.plan import step_sizes
 
@@ -41,6 +49,10 @@ class PromptBatches(Iterator[DataProto]):
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.loader.load_state_dict(state)
 
+    def origin(self, index: int) -> tuple[str, int, int | None]:
+        """Where prompt ``index`` (a batch's ``index`` column) comes from: (file, 0-based row, JSONL line or None)."""
+        return self.loader.dataset.origin(index)
+
 
 @dataclass
 class TrainingData:
@@ -63,6 +75,7 @@ def _datasets(config: PPOConfig, tokenizer):
             data_source_key=data.reward_fn_key,
             render_chat=chat_renderer(tokenizer, dict(data.apply_chat_template_kwargs)),
             media_keys=(data.image_key, data.video_key),
+            on_bad_row="skip",  # set aside and listed: check_rows reports or skips them with the other problems
         )
 
     if data.train_files is None:
@@ -79,22 +92,88 @@ def _datasets(config: PPOConfig, tokenizer):
     return train, val
 
 
-def _drop_overlong(dataset, collate, name: str):
-    """``data.filter_overlong_prompts``: keep the prompts that fit ``data.max_prompt_length``, and say how many went."""
-    counts = collate.token_counts([dataset[index] for index in range(len(dataset))])
-    kept = dataset.take([index for index, count in enumerate(counts) if count <= collate.max_prompt_length])
-    if len(kept) < len(dataset):
+def check_rows(config: PPOConfig, collate, train, val):
+    """The training and validation sets with every row checked: (train, val), the rows to leave out left out.
+
+    Raises:
+        ValueError: rows that cannot be used (unless ``data.skip_bad_rows``) or prompts longer than
+            ``data.max_prompt_length`` (with ``data.truncation=error``, unless ``data.filter_overlong_prompts``),
+            every one of them named by file, row and column, up to
+            :data:`~verl.utils.dataset.row_checks.MAX_LISTED_PROBLEMS`, and counted.
+    """
+    data = config.data
+    unusable: list[RowProblem] = []
+    overlong: list[RowProblem] = []
+    checked = []
+    for dataset, name in ((train, "training"), (val, "validation")):
+        if dataset is None:
+            checked.append(None)
+            continue
+        unusable += dataset.bad_rows
+        counts = collate.token_counts([dataset[index] for index in range(len(dataset))])
+        long_rows = [index for index, count in enumerate(counts) if count > collate.max_prompt_length]
+        if long_rows and data.filter_overlong_prompts:
+            dataset = _drop_overlong(dataset, set(long_rows), collate.max_prompt_length, name)
+        elif long_rows and data.truncation == "error":
+            overlong += [_overlong(dataset, index, counts[index], data) for index in long_rows]
+        elif long_rows:
+            logger.info(
+                "%d of %d %s prompts are longer than data.max_prompt_length=%d tokens: data.truncation=%s cuts them",
+                len(long_rows),
+                len(dataset),
+                name,
+                collate.max_prompt_length,
+                data.truncation,
+            )
+        checked.append(dataset)
+    refused = (unusable if not data.skip_bad_rows else []) + overlong
+    if refused:
+        raise ValueError(describe_problems(refused, _advice(refused, overlong, data)))
+    if unusable:
         logger.warning(
-            "data.filter_overlong_prompts: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
-            len(dataset) - len(kept),
-            len(dataset),
-            name,
-            collate.max_prompt_length,
+            "data.skip_bad_rows: left out %d data row(s) that cannot be used, the first: %s",
+            len(unusable),
+            unusable[0],
         )
+    return checked[0], checked[1]
+
+
+def _overlong(dataset, index: int, count: int, data) -> RowProblem:
+    file, row, line = dataset.origin(index)
+    what = f"the prompt is {count} tokens, longer than data.max_prompt_length={data.max_prompt_length}"
+    return RowProblem(file, row, data.prompt_key, what, line)
+
+
+def _advice(refused: list[RowProblem], overlong: list[RowProblem], data) -> str:
+    advice = []
+    if len(refused) > len(overlong):
+        advice.append(
+            "Fix or remove the rows that cannot be used, or set data.skip_bad_rows=true to leave them out (counted "
+            "in the log)."
+        )
+    if overlong:
+        advice.append(
+            f"For the prompts longer than data.max_prompt_length={data.max_prompt_length} tokens: raise it, set "
+            "data.filter_overlong_prompts=true to leave them out (as verl does), or set data.truncation to 'left' "
+            "or 'right' to cut them."
+        )
+    return " ".join(advice)
+
+
+def _drop_overlong(dataset, long_rows: set[int], max_prompt_length: int, name: str):
+    """``data.filter_overlong_prompts``: keep the prompts that fit ``data.max_prompt_length``, and say how many went."""
+    kept = dataset.take([index for index in range(len(dataset)) if index not in long_rows])
+    logger.warning(
+        "data.filter_overlong_prompts: dropped %d of %d %s prompts longer than data.max_prompt_length=%d tokens",
+        len(long_rows),
+        len(dataset),
+        name,
+        max_prompt_length,
+    )
     if not len(kept):
         raise ValueError(
             f"data.filter_overlong_prompts dropped every {name} prompt: all are longer than data.max_prompt_length="
-            f"{collate.max_prompt_length} tokens; raise it."
+            f"{max_prompt_length} tokens; raise it."
         )
     return kept
 
@@ -141,10 +220,7 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
     collate = PromptCollator(
         tokenizer, data.max_prompt_length, truncation=data.truncation, return_raw_chat=data.return_raw_chat
     )
-    train, val = _datasets(config, tokenizer)
-    if data.filter_overlong_prompts:
-        train = _drop_overlong(train, collate, "training")
-        val = _drop_overlong(val, collate, "validation") if val is not None and len(val) else val
+    train, val = check_rows(config, collate, *_datasets(config, tokenizer))
     batch_size = step_sizes(config).train_batch_size
     if batch_size % world_size:
         raise ValueError(
@@ -152,11 +228,14 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
             f"data-parallel workers (trainer.n_gpus_per_node x trainer.nnodes)."
         )
     loader = StatefulPromptLoader(
-        train, batch_size, seed=int(data.seed), shuffle=bool(data.shuffle), collate_fn=collate
+        train,
+        batch_size,
+        seed=int(data.seed),
+        shuffle=bool(data.shuffle),
+        collate_fn=collate,
+        num_workers=data.dataloader_num_workers,
     )
     val_batches = _validation_batches(val, collate, world_size, data.val_batch_size)
-    # validate the first batch now: a prompt too long for max_prompt_length fails here, not in a worker
-    collate([train[i] for i in range(min(len(train), batch_size))])
     return TrainingData(
         PromptBatches(loader), val_batches, build_reward_fn(config, tokenizer), len(train), tokenizer=tokenizer
     )

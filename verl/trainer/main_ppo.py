@@ -21,24 +21,28 @@ A rank that hangs in a collective is reported like a dead one (``CollectiveTimeo
 the rank that never joined, and its node) once the others' ``trainer.collective_timeout_s`` ran out, and
 ``trainer.max_restarts`` covers it the same way.
 
-SIGTERM or SIGINT (Ctrl-C) to this process (:mod:`verl.trainer.preemption`): the current step finishes, a
-checkpoint is saved, the workers are stopped, and the run exits with code 5; the same command resumes exactly. A
-second signal stops at once, without saving (code 6).
+SIGTERM or SIGINT (Ctrl-C) to this process or its whole process group (:mod:`verl.trainer.preemption`: Ray's
+processes ignore it, and output into a pipe whose reader died is dropped, :mod:`verl.trainer.console`): the current
+step finishes, a checkpoint is saved, the workers are stopped, and the run exits with code 5; the same command
+resumes exactly. A second signal stops at once, without saving (code 6).
 
 Exit codes: 0 done; 1 training stopped by the update-failure policy (the message says why and names the last good
-checkpoint); 2 bad config (composition, a value, a key, a path, or more nodes/GPUs than the Ray cluster has); 3 a
+checkpoint); 2 bad config (composition, a value, a key, a path, a checkpoint this run cannot continue:
+:mod:`verl.trainer.resume_check`, or more nodes/GPUs than the Ray cluster has); 3 a
 checkpoint to resume from is damaged or not ours (the message names the file and what to do); 4 a worker died (or
 hung in a collective) and no restart was left (the message names the role, rank and node, and the last good
 checkpoint, which is intact: run again to resume from it); 5 stopped by SIGTERM/SIGINT after saving (run the same
 command to resume); 6 stopped at once by a second signal, without saving; 7 a checkpoint could not be written
 (disk full, read-only directory: the message names the file and the OS error; the previous complete checkpoint is
-intact and is the one a restart takes).
+intact and is the one a restart takes); 8 anything else raised, its traceback logged: for a reward function that
+raised, the message names the step, the sample and its row in the data file, and the last complete checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,8 +51,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from verl.trainer.console import setup_logging
+from verl.trainer.ppo.reward_errors import RewardFunctionError
 from verl.trainer.preemption import Preempted, StopAtOnce, StopSignals
 from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names since before the split)
+    ask_for_token_auth,
     build_worker_groups,
     cpus_per_worker,
     shutdown_groups,
@@ -56,9 +63,18 @@ from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names sin
     worker_classes,
     write_timeline,
 )
+from verl.trainer.smoke_test import smoke_test_overrides
+from verl.trainer.start_up_checks import (
+    check_context_length,
+    check_logger_packages,
+    check_model_path_exists,
+    missing_model_message,
+)
 from verl.utils.checkpoint import CheckpointError, CheckpointWriteError
 from verl.workers.config import ComposedConfig, PPOConfig, compose_with_defaults
+from verl.workers.config.out_of_scope import command_line_refusals
 from verl.workers.config.plan import RunPlan, build_run_plan, resolve_device
+from verl.workers.config.schema import did_you_mean, nearest_keys
 from verl.workers.update_outcome import UpdateFailedError
 
 logger = logging.getLogger("verl.trainer")
@@ -74,16 +90,10 @@ EXIT_CHECKPOINT_WRITE_FAILED = 7  # disk full, read-only directory, ...: the pre
 EXIT_UNEXPECTED_ERROR = 8
 
 
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    for noisy in ("urllib3", "filelock", "matplotlib", "ray"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 def check_model_path(config: PPOConfig) -> None:
-    """The model (and tokenizer) directory must load as a Hugging Face config, and its ``override_config`` name
-    attributes of that config; a megatron role's tensor-parallel size and pipeline layout must fit that model.
-    Checked before Ray starts."""
+    """The model (and tokenizer) directory must exist and load as a Hugging Face config, with its ``override_config``
+    applied (an attribute the config lacks is logged); the prompt and response lengths must fit its context; a
+    megatron role's tensor-parallel size and pipeline layout must fit that model. Checked before Ray starts."""
     from verl.models.loading import apply_config_overrides, load_hf_config
 
     arr = config.actor_rollout_ref
@@ -93,6 +103,9 @@ def check_model_path(config: PPOConfig) -> None:
         models.append(("critic.model.path", config.critic.model, config.critic, "critic.megatron"))
     for key, model, role, megatron_key in models:
         path = model.path
+        missing = missing_model_message(key, path)
+        if missing is not None:  # our words, not the Hub's "Repo id must be in the form ..."
+            raise ValueError(missing)
         try:
             hf_config = load_hf_config(path, model.trust_remote_code)
         except Exception as err:  # whatever transformers raises for a bad path, the user needs the key and the value
@@ -102,6 +115,7 @@ def check_model_path(config: PPOConfig) -> None:
                 f"it at a model directory with config.json, or use 'default' for the embedded tiny model."
             ) from None
         apply_config_overrides(hf_config, model.override_config, key.replace(".path", ".override_config"))
+        check_context_length(config, key, hf_config)
         strategy = config.critic_strategy if role is config.critic else role.strategy
         if strategy == "megatron":
             role.megatron.check_fits(hf_config, megatron_key)
@@ -208,13 +222,19 @@ def prepare(config: ComposedConfig | DictConfig | PPOConfig):
     The run plan (:func:`~verl.workers.config.plan.build_run_plan`) has the run's step count; a device of
     ``trainer.device=auto`` is still ``"auto"`` in it (resolved once Ray starts, :func:`_resolve_plan`).
 
+    A checkpoint to resume from is checked against this run (:func:`~verl.trainer.resume_check.check_resume`):
+    logged, each changed setting warned about, refused when nothing is left to train or the model or the algorithm
+    differ.
+
     Raises:
-        ValueError: a bad config.
+        ValueError: a bad config, or a checkpoint this run cannot continue.
         CheckpointError: the checkpoint to resume from is damaged or not ours.
     """
     from verl.trainer.data_setup import build_data
 
+    check_model_path_exists(config)  # first: every other message is moot until the model is there
     typed = _validate(config)
+    check_logger_packages(typed)
     check_model_path(typed)
     from verl.workers.rollout.vllm_engine import check_vllm_config
 
@@ -226,7 +246,12 @@ def prepare(config: ComposedConfig | DictConfig | PPOConfig):
 
     # before choosing: a save killed mid-swap leaves its newest checkpoint under a temporary name, put back here
     remove_save_debris(typed.trainer.default_local_dir)
-    return typed, data, plan, choose_checkpoint(typed)
+    resume_from = choose_checkpoint(typed)
+    if resume_from is not None:  # said, compared with this run's config, refused when it cannot be continued
+        from verl.trainer.resume_check import check_resume
+
+        check_resume(typed, plan.total_training_steps, resume_from)
+    return typed, data, plan, resume_from
 
 
 @dataclass
@@ -356,6 +381,8 @@ def _attempt_until_done(typed: PPOConfig, data, plan: RunPlan, tracker, attempts
         except CheckpointError as err:  # a worker found the checkpoint damaged while loading it
             logger.error("Cannot resume: %s", err)
             return EXIT_BAD_CHECKPOINT
+        except RewardFunctionError as err:
+            return _reward_function_failed(err, typed, attempts)
 
 
 def _attempt(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) -> None:
@@ -393,10 +420,13 @@ def _attempt(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts
         attempts.last_good = (trainer.last_checkpoint if trainer is not None else None) or attempts.last_good
         shutdown_groups(*groups)  # the living ranks may sit in a collective with the dead one
         raise
-    except (Preempted, KeyboardInterrupt, CheckpointWriteError, CheckpointError):
+    except (Preempted, KeyboardInterrupt, CheckpointWriteError, CheckpointError, RewardFunctionError):
         shutdown_groups(*groups)  # stopped cleanly: no rank is left waiting in a collective or writing a file
         raise
-    logger.info("training finished after %d steps: %s", attempts.trainer.global_step, attempts.trainer.final_summary())
+    steps = attempts.trainer.global_step
+    logger.info(
+        "training finished after %d step%s: %s", steps, "" if steps == 1 else "s", attempts.trainer.final_summary()
+    )
 
 
 def _restart_after_death(err, typed: PPOConfig, train_loader, fresh_loader_state, attempts: _Attempts) -> int | None:
@@ -446,10 +476,16 @@ def _policy_stopped(err: UpdateFailedError, trainer) -> int:
     where = trainer.last_checkpoint if trainer is not None else None
     logger.error(
         "Training stopped by the update-failure policy: %s Last good checkpoint: %s.",
-        err,
+        _sentence(str(err)),  # a custom handler's message may end without a full stop
         where if where is not None else "none (set trainer.save_freq to keep checkpoints)",
     )
     return EXIT_POLICY_STOP
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence that another can follow: stripped, with a full stop unless it ends in . ! or ?."""
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else f"{text}."
 
 
 def _preempted(stop: Preempted, typed: PPOConfig) -> int:
@@ -486,6 +522,28 @@ def _save_failed(err: CheckpointWriteError, typed: PPOConfig, attempts: _Attempt
         typed.trainer.default_local_dir,
     )
     return EXIT_CHECKPOINT_WRITE_FAILED
+
+
+def _reward_function_failed(err: RewardFunctionError, typed: PPOConfig, attempts: _Attempts) -> int:
+    """Exit code 8 when the reward function raised: the step, the sample and its data row, the last complete
+    checkpoint and how to resume from it once the function is fixed, then the function's own traceback."""
+    latest = _restart_point(typed, attempts)
+    where = (
+        f"{latest}; once the reward function is fixed, {_how_to_resume(typed, latest)}"
+        if latest is not None
+        else "none (set trainer.save_freq to keep checkpoints); the same command starts from the beginning"
+    )
+    cause = err
+    while cause.__cause__ is not None:  # the function's own exception (under the reward manager's)
+        cause = cause.__cause__
+    logger.error(
+        "Stopped by an error in the reward function (exit code %d). %s Last complete checkpoint: %s. Its traceback:",
+        EXIT_UNEXPECTED_ERROR,
+        _sentence(str(err)),
+        where,
+        exc_info=(type(cause), cause, cause.__traceback__),
+    )
+    return EXIT_UNEXPECTED_ERROR
 
 
 def _restart_point(typed: PPOConfig, attempts: _Attempts) -> Path | None:
@@ -537,14 +595,29 @@ def parse_command_line(argv: Sequence[str], config_dir: Path, config_name: str) 
     parser = argparse.ArgumentParser(prog="python -m verl.trainer.main_ppo", add_help=True)
     parser.add_argument("--config-name", "-cn", default=config_name, help="config file name (without .yaml)")
     parser.add_argument("--config-path", "-cp", default=str(config_dir), help="directory of the config files")
+    parser.add_argument(
+        "--smoke-test", action="store_true", help="shrink the run to one step on CPU (verl.trainer.smoke_test)"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides in Hydra's syntax")
-    args, unknown = parser.parse_known_args(list(argv))
+    # intermixed: an option after the overrides (a script's "$@" at the end) still parses, the overrides after it too
+    args, unknown = parser.parse_known_intermixed_args(list(argv))
     if unknown:
         raise ValueError(f"unknown command-line option(s) {unknown}; pass settings as key=value overrides.")
+    if args.smoke_test:
+        args.overrides = list(smoke_test_overrides(args.overrides))
+    refusals = command_line_refusals(args.overrides)
+    if refusals:
+        if len(refusals) == 1:
+            raise ValueError(refusals[0])
+        raise ValueError(
+            f"{len(refusals)} settings ask for features out of scope here:\n  - " + "\n  - ".join(refusals)
+        )
     try:
         return compose_with_defaults(args.overrides, args.config_name, resolve_config_path(args.config_path))
     except ValueError as err:
-        raise ValueError(_explain_override_error(args.overrides, str(err)) or str(err)) from None
+        config_path = resolve_config_path(args.config_path)
+        explained = _explain_override_error(args.overrides, str(err), args.config_name, config_path)
+        raise ValueError(explained or str(err)) from None
 
 
 def resolve_config_path(config_path: str | Path) -> Path:
@@ -563,22 +636,61 @@ def compose_from_command_line(argv: Sequence[str], config_dir: Path, config_name
     return parse_command_line(argv, config_dir, config_name).config
 
 
-def _explain_override_error(overrides: Sequence[str], hydra_message: str) -> str | None:
-    """Our message for the override Hydra refused (the one its message quotes) when that key is renamed or names a
-    verl feature we lack; None otherwise, so that Hydra's own message names the key it refused."""
-    from verl.workers.config.out_of_scope import override_message
+def _explain_override_error(
+    overrides: Sequence[str], hydra_message: str, config_name: str, config_dir: Path
+) -> str | None:
+    """Our message for the override Hydra refused (the one its message quotes): a renamed key's new name, a verl
+    feature we lack, or, for a key the config does not have, the nearest keys it does have (Hydra's own advice,
+    "use +key=value", is wrong here: the typed schema refuses a key it does not know, ``+`` or not). None when the
+    message is none of these, so that Hydra's own names the key it refused."""
     from verl.workers.config.schema import known_key_message
 
-    for override in overrides:
-        refused = override_message(override)  # a verl feature out of scope here, named (not Hydra's key error)
-        if refused is not None:
-            return refused
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         message = known_key_message(key)
         if message is not None and f"'{key}'" in hydra_message:
             return message
-    return None
+    unknown = re.match(r"Could not override '([^']+)'", hydra_message)
+    if unknown is None:
+        return None
+    key = unknown.group(1)
+    others = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    return (
+        f"{key} is not a key of this config.{did_you_mean(nearest_config_keys(key, others, config_name, config_dir))}"
+        " (Adding it with a leading + does not help: the typed config refuses a key it does not know; see "
+        "docs/config.)"
+    )
+
+
+def nearest_config_keys(key: str, overrides: Sequence[str], config_name: str, config_dir: Path) -> list[str]:
+    """The full keys of the composed config (``overrides`` applied, or none if they do not compose) spelled most
+    like ``key``: its own section's keys by their last part first (``optim.lrr`` -> ``optim.lr``), then any key
+    of the config by its whole dotted name (a key put in the wrong section)."""
+    from omegaconf import OmegaConf
+
+    try:
+        config = compose_with_defaults(overrides, config_name, config_dir).config
+    except ValueError:
+        config = compose_with_defaults((), config_name, config_dir).config
+    flat = _dotted_keys(OmegaConf.to_container(config, resolve=False))
+    parent, _, name = key.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in flat if k.rpartition(".")[0] == parent]
+    close = [f"{parent}.{n}" if parent else n for n in nearest_keys(name, siblings)]
+    if close:
+        return close
+    # a key put in the wrong section: the keys elsewhere with that very name, else the nearest whole names
+    same_name = [k for k in flat if k.rpartition(".")[2] == name]
+    return same_name[:3] or nearest_keys(key, [k for k in flat if not key.startswith(k + ".")])
+
+
+def _dotted_keys(tree: Any, prefix: str = "") -> list[str]:
+    if not isinstance(tree, dict):
+        return [prefix] if prefix else []
+    keys = []
+    for name, value in tree.items():
+        full = f"{prefix}.{name}" if prefix else str(name)
+        keys += [full, *_dotted_keys(value, full)] if isinstance(value, dict) else [full]
+    return keys
 
 
 def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config_name: str = "ppo_trainer") -> None:
@@ -590,6 +702,7 @@ def cli(argv: Sequence[str] | None = None, config_dir: Path = CONFIG_DIR, config
     except ValueError as err:
         logger.error("Bad config: %s", err)
         sys.exit(EXIT_BAD_CONFIG)
+    ask_for_token_auth(config.config)  # before the config's check imports Ray, which reads RAY_AUTH_MODE then
     try:
         code = run(config)
     except Exception as err:

@@ -14,9 +14,14 @@ the Python signal handlers itself and turns whatever they raise into a plain ``K
 ``KeyboardInterrupt`` subclass is the only kind that gets through, and not as itself). So the caller catches
 ``KeyboardInterrupt`` and asks :attr:`StopSignals.stopped_at_once` whether it was ours.
 
-Ray's ``ray.init`` installs its own SIGTERM handler in the driver (it exits with status 15), so
-:meth:`StopSignals.install` must run again after Ray started; Ray leaves SIGINT alone, and its daemons and workers
-run in process groups that ignore or outlive a Ctrl-C in the driver's terminal.
+Only the driver answers a stop signal, also when the signal goes to its whole process group (a Ctrl-C in the
+terminal, ``timeout``, ``kill -- -PGID``, a scheduler signalling every process of the job): Ray's daemons (GCS,
+raylet, agents) are the driver's children in its process group, and a SIGTERM would end them and the run with them.
+:func:`children_ignore_sigterm` blocks SIGTERM while ``ray.init`` starts them; a blocked signal stays blocked across
+``exec``, so they and the workers the raylet starts ignore it (Ray blocks SIGINT in them itself), and the driver
+finishes the step, saves, and stops them. The cost: a graceful SIGTERM no longer ends them at shutdown, so Ray waits
+its one second for each before it kills it. Ray's ``ray.init`` also installs its own SIGTERM handler in the driver (it
+exits with status 15), so :meth:`StopSignals.install` must run again after Ray started.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +112,20 @@ class StopSignals:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise StopAtOnce(name)
+
+
+@contextmanager
+def children_ignore_sigterm() -> Iterator[None]:
+    """Block SIGTERM in this thread while the block runs: the processes it starts (and theirs) inherit the block.
+
+    A SIGTERM that reaches this process meanwhile waits, and is handled when the block ends. Outside the main thread,
+    or where the platform has no signal masks, nothing changes.
+    """
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

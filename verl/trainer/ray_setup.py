@@ -1,7 +1,9 @@
 """Ray and the worker groups of a run: joining or starting Ray, and placing and starting the actor and critic groups.
 
 :func:`start_ray` starts a local Ray instance or joins the cluster at ``ray_init.address``, with verl's
-``ray_kwargs.ray_init`` (:func:`ray_init_kwargs`); :func:`cluster_gpus` is what the run's device is decided on;
+``ray_kwargs.ray_init`` (:func:`ray_init_kwargs`), its processes deaf to SIGTERM so that the driver alone answers a
+stop signal (:mod:`verl.trainer.preemption`); :func:`ask_for_token_auth`, called before Ray is imported, keeps Ray's
+token-authentication notice out of a local run's output; :func:`cluster_gpus` is what the run's device is decided on;
 :func:`write_timeline` writes Ray's timeline after training (``ray_kwargs.timeline_json_file``);
 :func:`worker_classes` is the one place a backend's worker classes are chosen; :func:`build_worker_groups` places
 ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks (:func:`cpus_per_worker` sizes their CPU share from the
@@ -13,15 +15,22 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl.workers.config import PPOConfig
 from verl.workers.config.plan import RunPlan
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 logger = logging.getLogger(__name__)
+
+HF_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
+RAY_AUTH_MODE = "RAY_AUTH_MODE"
 
 
 def start_ray(config: PPOConfig) -> None:
@@ -37,10 +46,13 @@ def start_ray(config: PPOConfig) -> None:
 
     if ray.is_initialized():
         return
+    from verl.trainer.preemption import children_ignore_sigterm
+
     kwargs = ray_init_kwargs(config)
     address = kwargs["address"]
     try:
-        ray.init(**{**kwargs, "address": "local" if address is None else address})
+        with children_ignore_sigterm():  # only the driver answers a SIGTERM to its process group (preemption)
+            ray.init(**{**kwargs, "address": "local" if address is None else address})
     except ConnectionError as err:
         raise ValueError(
             f"ray_init.address={address!r}: no Ray cluster to join ({str(err).splitlines()[0]}). Start one with "
@@ -61,6 +73,27 @@ def start_ray(config: PPOConfig) -> None:
             total.get("CPU", 0),
             total.get("GPU", 0),
         )
+
+
+def ask_for_token_auth(composed: DictConfig) -> None:
+    """``RAY_AUTH_MODE=token`` when the ``composed`` config (not validated yet: validating imports Ray) starts a local
+    Ray instance, unless the variable is set or Ray is imported already.
+
+    Ray turns token authentication on for a new local instance when ``RAY_AUTH_MODE`` is unset, and warns about that
+    default on every run; asking for it by name gives the same protection without the warning. Ray reads the
+    variable when it is imported, so a process that imported Ray before keeps Ray's default (and its warning). A run
+    that joins a cluster (``ray_init.address`` or ``ray_kwargs.ray_init.address``) gets the cluster's own setting.
+    """
+    from omegaconf import OmegaConf
+
+    if os.environ.get(RAY_AUTH_MODE) is not None or "ray" in sys.modules:
+        return
+    try:
+        addresses = [OmegaConf.select(composed, key) for key in ("ray_init.address", "ray_kwargs.ray_init.address")]
+    except Exception:  # an interpolation that does not resolve: the config's check reports it
+        return
+    if all(address is None for address in addresses):
+        os.environ[RAY_AUTH_MODE] = "token"
 
 
 def ray_init_kwargs(config: PPOConfig) -> dict[str, Any]:
@@ -88,6 +121,9 @@ def ray_init_kwargs(config: PPOConfig) -> dict[str, Any]:
     threads = threads_per_process(os.cpu_count() or 1, processes_per_node(config))
     # bounds oneDNN's kernel caches in the workers (verl.utils.cpu_linear)
     env_vars = {"PYTHONPATH": pythonpath, "VERL_NUM_THREADS": str(threads), **primitive_cache_env()}
+    # no per-tensor "Loading weights" bar from each worker's transformers (a user's own setting stays): relayed by
+    # Ray, its carriage returns garble the log; huggingface_hub's documented switch, which transformers follows
+    env_vars[HF_PROGRESS_BARS] = os.environ.get(HF_PROGRESS_BARS, "1")
     runtime_env = runtime_env_over({"env_vars": env_vars}, user.pop("runtime_env", None))
     if address is None:
         _check_py_executable(runtime_env.get("py_executable"))

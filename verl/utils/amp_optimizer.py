@@ -51,7 +51,8 @@ class OptimConfig(Protocol):
     eps: float
     weight_decay: float
     clip_grad: float
-    min_lr_ratio: float
+    min_lr_ratio: float | None
+    num_cycles: float
 
     def loss_scale(self) -> LossScaleConfig: ...
 
@@ -311,6 +312,7 @@ def build_scheduler(torch_optimizer: torch.optim.Optimizer, optim: OptimConfig, 
         num_warmup_steps=optim.num_warmup_steps(total_training_steps),
         num_training_steps=max(optim.decay_steps(total_training_steps), 1),
         min_lr_ratio=optim.floor_ratio(),
+        num_cycles=optim.num_cycles,
     )
 
 

@@ -135,8 +135,9 @@ def save_state(path: str | os.PathLike, state: Any) -> None:
         torch.save(state, handle)
 
 
-def load_state(path: str | os.PathLike) -> Any:
-    """What :func:`save_state` wrote, loaded with ``weights_only=True`` onto the CPU.
+def load_state(path: str | os.PathLike, *, mmap: bool = False) -> Any:
+    """What :func:`save_state` wrote, loaded with ``weights_only=True`` onto the CPU (``mmap``: its tensors mapped
+    from the file rather than read, for a look at its plain values).
 
     Raises:
         CheckpointError: the file is missing, truncated, or holds Python objects other than tensors and plain
@@ -144,7 +145,7 @@ def load_state(path: str | os.PathLike) -> Any:
     """
     path = Path(path)
     _check_is_file(path)
-    return _torch_load(path, mmap=False)
+    return _torch_load(path, mmap=mmap)
 
 
 def _check_is_file(path: Path) -> None:

@@ -12,11 +12,16 @@ from verl.utils.tracking import read_metrics
 
 
 def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> Path:
-    """Write a four-panel PNG of the run in ``metrics_path`` and return its path."""
+    """Write a four-panel PNG of the run in ``metrics_path`` and return its path.
+
+    The panels, top to bottom: the mean train (and validation) reward, the actor's loss scale (log scale), the
+    failed updates (per step and in total; whole-number ticks), the training-inference mismatch.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     records = [r for r in read_metrics(metrics_path) if "critic/score/mean" in r]
     steps = [r["step"] for r in records]
@@ -34,6 +39,7 @@ def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> P
     axes[2].bar(steps, [r.get("actor/update_failed", 0.0) for r in records], color="tab:red", label="failed (step)")
     axes[2].plot(steps, [r.get("actor/update_failures_total", 0.0) for r in records], color="black", label="total")
     axes[2].set_ylabel("failed updates")
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: 0, 1, 2, never 0.5
     axes[2].legend()
     _plot_mismatch(axes[3], records)
     axes[3].set_xlabel("training step")

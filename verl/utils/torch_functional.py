@@ -13,6 +13,10 @@ import torch.utils.checkpoint
 from torch.optim.lr_scheduler import LambdaLR
 
 _LOGSUMEXP_CHUNK_ROWS = 1024
+# torch.compile's backend of the compiled entropy (compute_response_log_probs' entropy_compiled); tests swap in a
+# cheaper one. The compiled functions, one per (entropy function, backend), are built on first use.
+ENTROPY_COMPILE_BACKEND = "inductor"
+_COMPILED_ENTROPY: dict[tuple, object] = {}
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: int | None = None) -> torch.Tensor:
@@ -89,6 +93,22 @@ def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_rows: int = 20
     flat = logits.reshape(-1, logits.shape[-1])
     parts = [entropy_from_logits(chunk) for chunk in flat.split(chunk_rows)]
     return torch.cat(parts).view(logits.shape[:-1])
+
+
+def compiled_entropy(entropy_fn):
+    """``entropy_fn`` (:func:`entropy_from_logits` or its chunked form) under ``torch.compile(dynamic=True)``: one
+    graph for every batch and response length, built once per process and backend (:data:`ENTROPY_COMPILE_BACKEND`).
+    Duck sizing is off, so that a batch as long as its responses (B == R) does not get a graph of its own."""
+    key = (entropy_fn, ENTROPY_COMPILE_BACKEND)
+    if key not in _COMPILED_ENTROPY:
+        compiled = torch.compile(entropy_fn, dynamic=True, backend=ENTROPY_COMPILE_BACKEND)
+
+        def entropy(logits: torch.Tensor) -> torch.Tensor:
+            with torch.fx.experimental._config.patch(use_duck_shape=False):
+                return compiled(logits)
+
+        _COMPILED_ENTROPY[key] = entropy
+    return _COMPILED_ENTROPY[key]
 
 
 def log_prob_temperature(temperature: float) -> float:
@@ -186,6 +206,7 @@ def compute_response_log_probs(
     calculate_entropy: bool = False,
     entropy_chunking: bool = False,
     entropy_checkpointing: bool = False,
+    entropy_compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens from full-sequence logits.
 
@@ -199,6 +220,7 @@ def compute_response_log_probs(
         calculate_entropy: also return the entropy of each predictive distribution.
         entropy_chunking: the entropy a chunk of positions at a time (:func:`entropy_from_logits_with_chunking`).
         entropy_checkpointing: recompute the entropy's intermediates in the backward pass instead of keeping them.
+        entropy_compiled: the entropy under ``torch.compile`` (:func:`compiled_entropy`): the same operations, fused.
 
     Returns:
         (log_probs (B, R) float32, entropy (B, R) float32 or None)
@@ -214,6 +236,8 @@ def compute_response_log_probs(
         if temperature != 1.0:
             response_logits = response_logits / temperature
         entropy_fn = entropy_from_logits_with_chunking if entropy_chunking else entropy_from_logits
+        if entropy_compiled:
+            entropy_fn = compiled_entropy(entropy_fn)
         if entropy_checkpointing and response_logits.requires_grad:
             entropy = torch.utils.checkpoint.checkpoint(entropy_fn, response_logits, use_reentrant=False)
         else:
@@ -231,16 +255,18 @@ def get_constant_schedule_with_warmup(optimizer, num_warmup_steps: int) -> Lambd
 
 
 def get_cosine_schedule_with_warmup(
-    optimizer, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0
+    optimizer, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0, num_cycles: float = 0.5
 ) -> LambdaLR:
-    """Linear warm-up, then a half cosine from the base LR down to ``min_lr_ratio`` x base LR."""
+    """Linear warm-up, then ``num_cycles`` cosine waves between the base LR and ``min_lr_ratio`` x base LR over the
+    remaining steps (verl's 0.5: a half wave, from the base LR down to the floor); the LR stays where the wave ends
+    after ``num_training_steps``."""
 
     def factor(step: int) -> float:
         if num_warmup_steps > 0 and step < num_warmup_steps:
             return (step + 1) / num_warmup_steps
         span = max(1, num_training_steps - num_warmup_steps)
         progress = min(1.0, (step - num_warmup_steps) / span)
-        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(2.0 * math.pi * num_cycles * progress))
 
     return LambdaLR(optimizer, factor)
 
@@ -249,7 +275,12 @@ LR_SCHEDULERS = ("constant", "cosine")
 
 
 def build_lr_scheduler(
-    optimizer, name: str, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0
+    optimizer,
+    name: str,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
 ) -> LambdaLR:
     """The LR schedule ``name`` (constant | cosine), stepped once per training step."""
     if name == "constant":
@@ -257,5 +288,9 @@ def build_lr_scheduler(
     if name == "cosine":
         if not 0.0 <= min_lr_ratio <= 1.0:
             raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {min_lr_ratio}.")
-        return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, min_lr_ratio)
+        if not num_cycles > 0:
+            raise ValueError(f"optim.num_cycles must be > 0, got {num_cycles}.")
+        return get_cosine_schedule_with_warmup(
+            optimizer, num_warmup_steps, num_training_steps, min_lr_ratio, num_cycles
+        )
     raise ValueError(f"optim.lr_scheduler={name!r} is not supported; use one of {list(LR_SCHEDULERS)}.")

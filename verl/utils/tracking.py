@@ -6,8 +6,10 @@ install, never a silent no-op.
 ``metrics.jsonl`` holds one JSON object per line, ``{"step": <int>, "<metric>": <float or "nan"/"inf">, ...}``,
 and is appended to across runs in the same directory. A resumed run replays the steps after its checkpoint, so
 :meth:`Tracking.truncate_after` (or :func:`truncate_jsonl_after_step`) drops the rows past the resumed step
-before they are logged again. A crash can leave the last line half-written; readers drop such a line with a
-warning, and :class:`Tracking` cuts it off before appending so that it never ends up in the middle of the file.
+before they are logged again; a fresh start moves an earlier run's file aside as ``metrics.<time>.jsonl``, keeping
+the :data:`KEEP_SET_ASIDE` newest of those. A crash can leave the last line half-written; readers drop such a line
+with a warning, and :class:`Tracking` cuts it off before appending so that it never ends up in the middle of the
+file.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 import tempfile
 import time
@@ -25,6 +28,11 @@ from typing import Any
 logger = logging.getLogger("verl.trainer")
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+# A fresh start moves an earlier run's metrics.jsonl (and val_generations.jsonl) aside under a dated name; this many
+# of the newest such copies of each file are kept, the older ones deleted.
+KEEP_SET_ASIDE = 5
+# The optional sinks: the module each imports, and the package that provides it.
+_SINK_MODULES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
 # The few metrics the console line shows; everything goes to the other sinks.
 CONSOLE_KEYS = (
     "critic/score/mean",
@@ -44,18 +52,61 @@ def _jsonable(value: Any) -> Any:
     return value if math.isfinite(value) else str(value)
 
 
+def sink_names(value: Any) -> list[str]:
+    """``trainer.logger`` as a list of sink names: a list as it is; a string names one sink, or spells a list.
+
+    verl's scripts build their command line inside a double-quoted string, where ``trainer.logger='[console,wandb]'``
+    keeps its single quotes, so Hydra reads the string ``"[console,wandb]"``, not a list. Such a string (items
+    quoted or not) means the list it spells; any other string is one sink's name (``"console"``).
+    """
+    if not isinstance(value, str):
+        return list(value)
+    text = value.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return [text]
+    items = (item.strip() for item in text[1:-1].split(","))
+    return [
+        item[1:-1] if len(item) >= 2 and item[0] == item[-1] and item[0] in "'\"" else item for item in items if item
+    ]
+
+
+def _set_aside_stamp() -> str:
+    """The date and time a set-aside copy is named by (one per second)."""
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def missing_sink_packages(loggers) -> dict[str, str]:
+    """The sinks of ``loggers`` whose package is not installed: {sink: the package to install}. Checked at start-up,
+    before Ray starts, without importing the packages."""
+    import importlib.util
+
+    missing = {}
+    for sink in loggers:
+        module, package = _SINK_MODULES.get(sink, (None, None))
+        if module is None:
+            continue
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package that is missing or broken
+            found = False
+        if not found:
+            missing[sink] = package
+    return missing
+
+
 class Tracking:
     """Fan out ``log(metrics, step)`` to the configured sinks.
 
     Args:
-        loggers: any of ``console``, ``jsonl``, ``tensorboard``, ``wandb``.
+        loggers: any of ``console``, ``jsonl``, ``tensorboard``, ``wandb`` (a list, or a string as
+            :func:`sink_names` reads it).
         log_dir: where ``metrics.jsonl`` and TensorBoard events go.
         project_name, experiment_name: names for W&B and the console.
         config: the run config, stored with W&B runs.
     """
 
     def __init__(self, loggers, log_dir, project_name: str, experiment_name: str, config: dict | None = None):
-        loggers = list(loggers)
+        loggers = sink_names(loggers)
         unknown = sorted(set(loggers) - set(LOGGERS))
         if unknown:
             raise ValueError(f"trainer.logger has unknown sink(s) {unknown}; accepted: {list(LOGGERS)}.")
@@ -144,14 +195,19 @@ class Tracking:
         return truncate_jsonl_after_step(self.jsonl_path, step)
 
     def set_aside_earlier_rows(self) -> Path | None:
-        """On a fresh start, move an earlier run's non-empty ``metrics.jsonl`` aside (never delete it).
+        """On a fresh start, move an earlier run's non-empty ``metrics.jsonl`` aside.
 
         The file becomes ``metrics.<time>.jsonl`` next to it, with a warning naming both, so the new run's steps
         appear once; a non-empty ``val_generations.jsonl`` moves to ``val_generations.<time>.jsonl`` the same way.
-        Returns the metrics file's new path, or None when it had nothing to move.
+        Only the :data:`KEEP_SET_ASIDE` newest of these files of each name are kept: older ones are deleted, each
+        named in the log, so that the fresh starts of a directory do not pile up. Returns the metrics file's new
+        path, or None when it had nothing to move.
         """
-        stamp = time.strftime("%Y%m%d-%H%M%S")
+        stamp = _set_aside_stamp()
         moved = [_move_aside(path, stamp) for path in (self.jsonl_path, self.generations_path)]
+        for path in (self.jsonl_path, self.generations_path):
+            if path is not None:
+                _remove_old_set_aside(path, KEEP_SET_ASIDE)
         return moved[0]
 
     def close(self) -> None:
@@ -162,13 +218,34 @@ class Tracking:
 
 
 def _move_aside(path: Path | None, stamp: str) -> Path | None:
-    """Rename a non-empty ``<name>.jsonl`` to ``<name>.<stamp>.jsonl``; returns the new path (None: nothing to move)."""
+    """Rename a non-empty ``<name>.jsonl`` to ``<name>.<stamp>.jsonl`` (``<stamp>-<n>`` when two fresh starts share
+    a second); returns the new path (None: nothing to move)."""
     if path is None or not path.is_file() or path.stat().st_size == 0:
         return None
     target = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+    number = 1
+    while target.exists():  # never over an earlier set-aside file
+        target = path.with_name(f"{path.stem}.{stamp}-{number}{path.suffix}")
+        number += 1
     os.replace(path, target)
     logger.warning("an earlier run's rows were in %s: moved to %s", path, target)
     return target
+
+
+def _remove_old_set_aside(path: Path, keep: int) -> list[Path]:
+    """Delete the set-aside copies of ``path`` (``<name>.<stamp>[-n].jsonl``) beyond the ``keep`` newest; returns
+    the deleted paths. The stamps sort as the times they were made."""
+    pattern = re.compile(rf"^{re.escape(path.stem)}\.(\d{{8}}-\d{{6}})(?:-(\d+))?{re.escape(path.suffix)}$")
+    found = []
+    for candidate in path.parent.iterdir():
+        match = pattern.match(candidate.name)
+        if match and candidate.is_file():
+            found.append(((match.group(1), int(match.group(2) or 0)), candidate))
+    old = [candidate for _, candidate in sorted(found, reverse=True)[keep:]]
+    for candidate in old:
+        candidate.unlink()
+        logger.info("removed %s: only the %d newest set-aside copies of %s are kept", candidate, keep, path.name)
+    return old
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -159,17 +159,21 @@ class _ModelWorker(SectionWorker):
             from verl.utils.profiler import RoleProfiler
 
             settings = self._profiler_settings
-            self._role_profiler = RoleProfiler(self.ROLE, list(settings.sections), settings.global_profiler, self.rank)
+            self._role_profiler = RoleProfiler(
+                self.ROLE, list(settings.sections), settings.global_profiler, self.rank, rollout=settings.rollout
+            )
         return self._role_profiler
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """One pass of this worker (``gen``, ``old_log_prob``, ``ref``, ``update_actor``, ``values``,
-        ``update_critic``, ``checkpoint``): what the pass needs placed for it by the backend
+    def phase(self, name: str) -> Iterator[Any]:
+        """One pass of this worker (``gen``, ``old_log_prob``, ``ref``, ``update_actor``, ``export_weights``,
+        ``values``, ``update_critic``, ``checkpoint``): what the pass needs placed for it by the backend
         (:meth:`_placed_for`), and the profiler's labelled range. Every pass a registered method runs goes through
-        here, so a backend changes what happens around every pass by overriding one method."""
-        with self._placed_for(name), self.profiler.phase(name):
-            yield
+        here, so a backend changes what happens around every pass by overriding one method. Yields what the profiler
+        hands the pass: for ``gen``, the :class:`~verl.utils.profiler.TokenWindow` the rollout calls between two
+        tokens when its trace spans a token window; None otherwise."""
+        with self._placed_for(name), self.profiler.phase(name) as tokens:
+            yield tokens
 
     def _placed_for(self, name: str) -> contextlib.AbstractContextManager:
         """What the backend does around the pass ``name`` (megatron: brings its offloaded parts to the device and
@@ -182,9 +186,10 @@ class _ModelWorker(SectionWorker):
         self.profiler.start(step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stop_profile(self) -> list[str]:
-        """Close the profiling window; returns the files this rank wrote."""
-        return self.profiler.stop()
+    def stop_profile(self, last: bool = False) -> list[str]:
+        """Close the profiling window; returns the files this rank wrote. ``last``: the run's last window, after which
+        ``finish_hook_cmd`` runs."""
+        return self.profiler.stop(last)
 
     def _model_parallel_size(self) -> int:
         """Over how many ranks one copy of the trained model is split (1 here; megatron: tensor-parallel ranks x
@@ -379,8 +384,8 @@ class ActorRolloutRefWorker(_ModelWorker):
     def _generate(self, prompts: DataProto) -> DataProto:
         """The rollout's output, tagged with the temperature it sampled at (the prompts' override, else the
         configured one)."""
-        with self.phase("gen"):
-            return self.rollout_role.generate(prompts)
+        with self.phase("gen") as tokens:
+            return self.rollout_role.generate(prompts, on_token=tokens)
 
     def _old_log_probs(self, data: DataProto) -> torch.Tensor:
         batching = self.config.rollout.log_prob_micro_batching()
@@ -502,8 +507,10 @@ class ActorRolloutRefWorker(_ModelWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_weights(self) -> dict[str, torch.Tensor] | None:
         """The actor's weights for a rollout worker group of its own: ``{Hugging Face name: CPU tensor}`` on rank 0
-        (a copy; LoRA merged), None on the other ranks, which take part in the gathers of a sharded model."""
-        with torch.no_grad():
+        (a copy; LoRA merged), None on the other ranks, which take part in the gathers of a sharded model (FSDP2's
+        shards; megatron's tensor-parallel shards and pipeline stages). A pass of its own (``export_weights``): the
+        parameters are where the passes read them (megatron brings offloaded ones back for it)."""
+        with self.phase("export_weights"), torch.no_grad():
             weights = {}
             for name, tensor in self._rollout_weights():
                 if self.rank == 0:

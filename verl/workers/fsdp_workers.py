@@ -99,7 +99,7 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
         # device; build_fsdp_actor checks it against the compute dtype
         module = load_hf_causal_lm(
             arr.model.path,
-            dtype=TORCH_DTYPES[model_dtype_of(fsdp_config)],
+            dtype=TORCH_DTYPES[model_dtype_of(fsdp_config, trainable=trainable)],
             device="cpu",
             trust_remote_code=arr.model.trust_remote_code,
             config_overrides=arr.model.override_config,
@@ -121,6 +121,7 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
             fsdp_config=fsdp_config,
             enable_gradient_checkpointing=trainable and arr.model.enable_gradient_checkpointing,
             use_remove_padding=arr.model.use_remove_padding,
+            enable_activation_offload=trainable and arr.model.enable_activation_offload,
             rank=self.rank,
         )
         actor.peft_model = peft_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+import warnings
 
 import pytest
 import torch
@@ -29,6 +30,15 @@ def test_qwen2_fields(make_config):
     assert config.attention_dropout == 0.0 and config.hidden_dropout == 0.0
     assert config.tensor_model_parallel_size == 1 and config.pipeline_model_parallel_size == 1
     assert (config.fp16, config.bf16, config.params_dtype) == (False, False, torch.float32)
+
+
+def test_the_config_is_built_without_a_deprecation_warning(make_config):
+    # megatron-core 0.16's own default cuda_graph_scope="full" warns "full scope is deprecated" on every build
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = build_transformer_config(make_config("qwen2"), torch.float16)
+    assert [str(w.message) for w in caught if "deprecat" in str(w.message).lower()] == []
+    assert config.cuda_graph_scope == []  # what "full" meant: the whole layer
 
 
 def test_llama_fields_and_dtypes(make_config):

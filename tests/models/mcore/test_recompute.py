@@ -1,4 +1,5 @@
-"""Tests for verl.models.mcore.recompute: megatron-core's full recomputation on CPU by torch's checkpoint."""
+"""Tests for verl.models.mcore.recompute: megatron-core's full and selective recomputation on CPU, by torch's
+checkpoint."""
 
 from __future__ import annotations
 
@@ -71,9 +72,68 @@ def test_an_eval_forward_does_not_recompute(make_config):
     assert calls == []
 
 
-def test_selective_recomputation_is_refused_on_cpu(make_config):
-    with pytest.raises(ValueError, match=r"recompute_granularity='selective' .* needs CUDA; on CPU use 'full'"):
-        build_gpt_model(make_config("qwen2"), seed=1, recompute_granularity="selective")
+# megatron-core's selective names -> (the class whose forward it recomputes, how to reach its instance in a layer)
+SELECTIVE = {
+    "core_attn": lambda layer: layer.self_attention.core_attention,
+    "mlp": lambda layer: layer.mlp,
+    "layernorm": lambda layer: layer.input_layernorm,
+}
+
+
+def _count_forwards(monkeypatch, modules: list[torch.nn.Module]) -> list[int]:
+    """Every run of one of ``modules``' own forward (whether its ``__call__`` or torch's checkpoint runs it) appends 1
+    to the returned list (its class's forward is wrapped; other instances of the class are not counted)."""
+    calls, ids = [], {id(module) for module in modules}
+    for module_class in {type(module) for module in modules}:
+        forward = module_class.forward
+
+        def counted(self, *args, _forward=forward, **kwargs):
+            if id(self) in ids:
+                calls.append(1)
+            return _forward(self, *args, **kwargs)
+
+        monkeypatch.setattr(module_class, "forward", counted)
+    return calls
+
+
+@pytest.mark.parametrize("modules", [["core_attn"], ["mlp"], ["layernorm"], ["core_attn", "mlp", "layernorm"]])
+def test_selective_recomputation_gives_the_stored_gradients_and_runs_each_module_again(
+    make_config, monkeypatch, modules
+):
+    config = make_config("qwen2")  # two layers
+    plain = build_gpt_model(config, seed=1)
+    recomputed = build_gpt_model(config, seed=1, recompute_granularity="selective", recompute_modules=modules)
+    # megatron-core's own fields on the TransformerConfig; its CUDA-RNG path off, torch's checkpoint on instead
+    assert (recomputed.config.recompute_granularity, recomputed.config.recompute_modules) == ("selective", modules)
+    assert not recomputed.decoder.layers[0].recompute_mlp
+    assert not recomputed.decoder.layers[0].self_attention.checkpoint_core_attention
+    models = (plain, recomputed)
+    calls = {
+        name: _count_forwards(monkeypatch, [find(layer) for model in models for layer in model.decoder.layers])
+        for name, find in SELECTIVE.items()
+    }
+    want_loss, want_grads, stored_bytes = _loss_grads_and_saved_bytes(plain)
+    # without recomputation each module runs once per layer: 2 calls
+    assert {name: len(made) for name, made in calls.items()} == dict.fromkeys(SELECTIVE, 2)
+    for made in calls.values():
+        made.clear()
+    loss, grads, recomputed_bytes = _loss_grads_and_saved_bytes(recomputed)
+    # a recomputed module runs again in the backward: 2 layers x (forward + backward) = 4 calls; the others 2
+    assert {name: len(made) for name, made in calls.items()} == {n: 4 if n in modules else 2 for n in SELECTIVE}
+    # the same operations on the same inputs: equal numbers (fp32 on CPU); less kept for the backward
+    assert torch.equal(loss, want_loss)
+    for name, want in want_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=0, atol=0, msg=name)
+    assert recomputed_bytes < stored_bytes
+
+
+def test_selective_recomputation_stores_as_usual_without_gradients(make_config, monkeypatch):
+    model = build_gpt_model(make_config("qwen2"), seed=1, recompute_granularity="selective", recompute_modules=["mlp"])
+    calls = _count_forwards(monkeypatch, [layer.mlp for layer in model.decoder.layers])
+    saved = []
+    with torch.no_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        forward_logits(model, torch.ones(1, 4, dtype=torch.long), torch.ones(1, 4), torch.arange(4)[None])
+    assert len(calls) == 2 and saved == []  # one call per layer, nothing checkpointed
 
 
 def test_a_mixture_of_experts_config_is_named(make_config):

@@ -20,3 +20,22 @@ def test_run_plan_json_reads_back_the_plan_values(tmp_path):
     assert values["needs_reference"] is True and values["roles"] == ["actor", "rollout", "ref"]  # JSON: a list
     assert values["device"] == "cpu" and values["megatron_optimizer"] == {}
     assert json.loads(path.read_text()) == values  # plain JSON, for people and tools
+
+
+def test_config_json_reads_back_the_runs_config_and_a_damaged_one_is_named(tmp_path):
+    import pytest
+
+    from verl.trainer.ppo.trainer_checkpoints import CONFIG_FILE, read_saved_config, write_saved_config
+    from verl.utils.checkpoint import CheckpointError
+
+    assert read_saved_config(tmp_path) is None  # a checkpoint written before configs were saved
+    config = compose_ppo_config(["actor_rollout_ref.actor.optim.lr=0.125", "trainer.total_training_steps=7"])
+    path = write_saved_config(tmp_path, config)
+    values = read_saved_config(tmp_path)
+    assert path == tmp_path / CONFIG_FILE and values == json.loads(json.dumps(config.to_dict()))
+    assert (
+        values["actor_rollout_ref"]["actor"]["optim"]["lr"] == 0.125 and values["trainer"]["total_training_steps"] == 7
+    )
+    path.write_text('{"trainer": ')  # cut short
+    with pytest.raises(CheckpointError, match=CONFIG_FILE):
+        read_saved_config(tmp_path)

@@ -18,10 +18,11 @@ checks before Ray starts: ``prepare(parse_command_line(argv, CONFIG_DIR, <the en
 from __future__ import annotations
 
 import json
-import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from verl.trainer.smoke_test import LORA_RANK_KEYS, MAX_LORA_RANK, ONE_RANK_SIZES, TINY_MODEL_OVERRIDES
 
 SCRIPTS_JSON = Path(__file__).with_name("scripts.json")
 CURRENT_SCRIPTS_JSON = Path(__file__).with_name("scripts_1dda039.json")
@@ -34,11 +35,11 @@ ENTRY_POINT_CONFIGS = {
 }
 TINY_MODEL = Path(__file__).resolve().parents[3] / "verl" / "models" / "tiny"
 # The scripts' model, on this machine: the embedded tiny model with its 64 hidden units read as 2 attention heads of
-# 32 (1 key-value head) instead of 4 of 16, and a context as long as the longest script's prompt + response. The
-# weights are the tiny model's own (every projection keeps its shape); only config.json differs. vLLM's CPU
-# attention rejects head size 16 and longer sequences than max_position_embeddings, and 46 of the 74 scripts use
-# vLLM.
-_MODEL_CONFIG_CHANGES = {"num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 65536}
+# 32 (1 key-value head) instead of 4 of 16, and a context as long as the longest script's prompt + response: the
+# tiny model of the CPU smoke test (verl.trainer.smoke_test). The weights are the tiny model's own (every projection
+# keeps its shape); only config.json differs. vLLM's CPU attention rejects head size 16 and longer sequences than
+# max_position_embeddings, and 46 of the 74 scripts use vLLM.
+_MODEL_CONFIG_CHANGES = TINY_MODEL_OVERRIDES
 # Enough prompts for the largest data.train_batch_size the scripts set (4096), so that a step fits in an epoch.
 NUM_TRAIN_ROWS, NUM_VAL_ROWS = 4096, 64
 N_GPUS_PER_NODE = 1
@@ -54,23 +55,22 @@ _ADAPTER_PATH_KEY = "actor_rollout_ref.model.lora_adapter_path"
 # The megatron form of a model a script starts from (use_dist_checkpointing): the last part of the key.
 _DIST_CHECKPOINT_KEY = "dist_checkpointing_path"
 _DATA_FILE_KEYS = {"data.train_files": "train", "data.val_files": "test"}
-# Hardware sizes: the last part of the key -> the value on this machine.
-_PARALLEL_SIZES = {
-    "tensor_model_parallel_size": "1",
-    "pipeline_model_parallel_size": "1",
-    "virtual_pipeline_model_parallel_size": "null",
-    "expert_model_parallel_size": "1",
-    "expert_tensor_parallel_size": "1",
-    "context_parallel_size": "1",
-    "ulysses_sequence_parallel_size": "1",
-    "data_parallel_size": "1",
-    "expert_parallel_size": "1",
-    "moe_tensor_parallel_size": "1",
-    "fsdp_size": "-1",  # -1: every rank (verl's default); a script's 8 or 16 ranks do not fit one device
-    "ulysses_parallel_size": "1",
-    "fully_shard_parallel_size": "1",
-}
+# Hardware sizes: the last part of the key -> the value on this machine (the smoke test's one rank).
+_PARALLEL_SIZES = ONE_RANK_SIZES
 _HARDWARE = {"trainer.nnodes": "1", "trainer.n_gpus_per_node": str(N_GPUS_PER_NODE)}
+# The device a script names (verl's Ascend scripts: npu): replaced by the device each check runs for.
+_DEVICE_KEY = "trainer.device"
+# The per-GPU token budgets each role's sequence-parallel size divides (the old-log-prob pass runs in the actor).
+_TOKEN_BUDGETS_OF_ROLE = {
+    "actor_rollout_ref.actor": (
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    ),
+    "actor_rollout_ref.ref": ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",),
+    "critic": ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),
+}
+# A file of verl's repository where the extraction ran the script (its reward function, say).
+_VERL_REPO_FILE = re.compile(r"/verl_scripts_[^/]+/repo/")
 # The separate rollout group of verl's async trainers (set by their scripts only): one node of one device too.
 _ROLLOUT_GROUP = {"rollout.nnodes": "1", "rollout.n_gpus_per_node": str(N_GPUS_PER_NODE)}
 # The out-of-scope features a refusal may name (a regex each): January's, and the one wording of every refusal of
@@ -87,14 +87,14 @@ OUT_OF_SCOPE = {
 CURRENT_OUT_OF_SCOPE = {**OUT_OF_SCOPE, "verl 1dda039's features left out here": r"which is out of scope here"}
 # What this machine lacks: a CUDA-only path (trainer.device=cpu) is refused at start-up.
 NEEDS_CUDA = r"needs CUDA|\(CUDA only\)"
+# The metric sinks: one whose package is not installed here (W&B) is dropped (installed_sinks).
+_LOGGER_KEY = "trainer.logger"
 # The Python the workers start with: verl's scripts give a ``uv run`` prefix for verl's own uv project and its
 # extras, which a user of this package (installed in the Python that runs the trainer) sets to null.
 _PY_EXECUTABLE_KEY = "ray_kwargs.ray_init.runtime_env.py_executable"
-# A LoRA rank must fit the model: the scripts' model's narrowest projection (k_proj, 64 -> 32) takes rank 32 at most,
-# where the scripts' 7B models take their rank 64.
-MAX_LORA_RANK = 32
-# verl's dp/fsdp form and its megatron form of the rank.
-_LORA_RANK_KEYS = ("actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora.rank")
+# A LoRA rank must fit the model: the scripts' model's narrowest projection (k_proj, 64 -> 32) takes rank 32 at most
+# (MAX_LORA_RANK), where the scripts' 7B models take their rank 64; LORA_RANK_KEYS: verl's dp/fsdp and megatron forms.
+_LORA_RANK_KEYS = LORA_RANK_KEYS
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,14 @@ def load_scripts(path: Path = SCRIPTS_JSON) -> list[Script]:
     ]
 
 
+def load_broken_in_verl(path: Path) -> dict[str, str]:
+    """The stored scripts that cannot start in verl itself either (the extraction composed each with verl's own
+    config files and looked for the files it names: ``broken_in_verl``): {script: why}."""
+    return {
+        r["script"]: r["broken_in_verl"] for r in json.loads(path.read_text())["scripts"] if r.get("broken_in_verl")
+    }
+
+
 def load_not_ours(path: Path) -> dict[str, str]:
     """The stored scripts left out of the check: {script: why} (another trainer's, or stopped before its call)."""
     return {r["script"]: r["reason"] for r in json.loads(path.read_text()).get("not_ours", [])}
@@ -145,32 +153,11 @@ def load_not_ours(path: Path) -> dict[str, str]:
 
 def write_data_files(directory: Path) -> dict[str, str]:
     """Small train/test parquet files in verl's layout (chat ``prompt``, ``reward_model.ground_truth``,
-    ``data_source``, ``extra_info``) holding the embedded task; {"train": path, "test": path}."""
-    import pandas as pd
+    ``data_source``, ``extra_info``) holding the embedded task, written by the command a user runs
+    (``python -m verl.utils.dataset.make_tiny_data``); {"train": path, "test": path}."""
+    from verl.utils.dataset.make_tiny_data import write_tiny_data
 
-    from verl.utils.reward_score import tiny_task
-
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, num_rows, seed in (("train", NUM_TRAIN_ROWS, 0), ("test", NUM_VAL_ROWS, 1)):
-        rng = random.Random(seed)
-        rows = []
-        for index in range(num_rows):
-            prompt, answer = tiny_task.make_example(rng)
-            rows.append(
-                {
-                    "data_source": tiny_task.DATA_SOURCE,
-                    "prompt": [{"role": "user", "content": prompt}],
-                    "ability": "reverse",
-                    "reward_model": {"style": "rule", "ground_truth": answer},
-                    "extra_info": {"split": split, "index": index},
-                }
-            )
-        path = directory / f"{split}.parquet"
-        if not path.exists():
-            pd.DataFrame(rows).to_parquet(path)
-        paths[split] = str(path)
-    return paths
+    return write_tiny_data(directory, NUM_TRAIN_ROWS, NUM_VAL_ROWS, seed=0, overwrite=False)
 
 
 def write_model(directory: Path) -> str:
@@ -214,14 +201,30 @@ def write_dist_checkpoint(directory: Path, model_path: str) -> str:
     return str(target)
 
 
+def write_reward_function(directory: Path) -> str:
+    """A reward function file standing in for one a script names inside verl's repository (its own task's scorer,
+    which a user running verl's script from verl's checkout has): ``compute_score`` gives partial credit on the
+    embedded task, as the default reward does; its path."""
+    target = directory / "reward_function.py"
+    if not target.exists():
+        target.write_text(
+            "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+            "    answer = solution_str.strip()\n"
+            "    return sum(a == b for a, b in zip(answer, ground_truth)) / max(len(ground_truth), 1)\n"
+        )
+    return str(target)
+
+
 def write_inputs(directory: Path) -> dict[str, str]:
-    """The model (a LoRA adapter of it, its megatron-core checkpoint) and the data files of the scripts on this
-    machine: {"model": path, "adapter": path, "dist_checkpoint": path, "train": path, "test": path}."""
+    """The model (a LoRA adapter of it, its megatron-core checkpoint), the data files and a reward function of the
+    scripts on this machine: {"model": path, "adapter": path, "dist_checkpoint": path, "train": path, "test": path,
+    "reward_function": path}."""
     model = write_model(directory)
     return {
         "model": model,
         "adapter": write_adapter(directory, model),
         "dist_checkpoint": write_dist_checkpoint(directory, model),
+        "reward_function": write_reward_function(directory),
         **write_data_files(directory),
     }
 
@@ -235,15 +238,63 @@ def _num_files(value: str) -> int:
     return len([part for part in re.split(r",", inner) if part.strip()]) or 1
 
 
+def _sequence_parallel_sizes(overrides: tuple[str, ...]) -> dict[str, int]:
+    """{role section: the Ulysses sequence-parallel size the script gives it} (``actor_rollout_ref.actor``,
+    ``actor_rollout_ref.ref``, ``critic``; set on the section or in its ``fsdp_config``)."""
+    sizes = {}
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.endswith(".ulysses_sequence_parallel_size") and value.isdigit():
+            role = next((r for r in _TOKEN_BUDGETS_OF_ROLE if key.startswith(r + ".")), None)
+            if role is not None:
+                sizes[role] = int(value)
+    return sizes
+
+
+def _budget_without_sequence_parallelism(key: str, value: str, sp_sizes: dict[str, int]) -> str:
+    """A per-GPU token budget for one device without sequence parallelism: verl splits each sample over the role's
+    ``ulysses_sequence_parallel_size`` GPUs (a budget of B per GPU holds samples of B x SP tokens), so on one GPU the
+    same samples take B x SP; any other key's value unchanged."""
+    for role, budgets in _TOKEN_BUDGETS_OF_ROLE.items():
+        if key in budgets and value.isdigit():
+            return str(int(value) * sp_sizes.get(role, 1))
+    return value
+
+
+def installed_sinks(value: str) -> str:
+    """A ``trainer.logger`` value without the sinks whose package this machine lacks (verl's scripts log to W&B,
+    which a user without wandb removes: start-up refuses it, naming the package); the console when none is left."""
+    from verl.utils.tracking import missing_sink_packages
+
+    names = [name.strip().strip("'\"") for name in value.strip().strip("'\"").strip("[]").split(",") if name.strip()]
+    missing = missing_sink_packages(names)
+    return "[" + ",".join([name for name in names if name not in missing] or ["console"]) + "]"
+
+
+def _default_logger() -> str:
+    """ppo_trainer.yaml's ``trainer.logger``, as :func:`installed_sinks` writes a value."""
+    from omegaconf import OmegaConf
+
+    from verl.workers.config.composition import CONFIG_DIR
+
+    return "[" + ",".join(OmegaConf.load(CONFIG_DIR / "ppo_trainer.yaml").trainer.logger) + "]"
+
+
 def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, ...]:
     """The overrides with only the model path, the data files and the hardware sizes changed for this machine
-    (``inputs``: :func:`write_inputs`), a LoRA rank cut to what the model's layers take (``MAX_LORA_RANK``) and a
-    ``uv run`` prefix of the workers' Python dropped (:data:`_PY_EXECUTABLE_KEY`)."""
+    (``inputs``: :func:`write_inputs`; the per-GPU token budgets of a role whose samples verl splits by sequence
+    parallelism scaled to one GPU), a reward function file of verl's repository replaced by a stand-in, a LoRA
+    rank cut to what the model's layers take (``MAX_LORA_RANK``), a ``uv run`` prefix of the workers' Python
+    dropped (:data:`_PY_EXECUTABLE_KEY`) and a metric sink whose package is not installed (W&B) dropped
+    (:func:`installed_sinks`)."""
+    sp_sizes = _sequence_parallel_sizes(overrides)
     out, seen = [], set()
     for override in overrides:
         key, eq, value = override.partition("=")
         bare = key.lstrip("+~")
         last = bare.rsplit(".", 1)[-1]
+        if eq and bare == _DEVICE_KEY:
+            continue  # the kind of device is hardware too: the check sets it (start_up_outcomes), npu included
         if eq and bare in _MODEL_PATH_KEYS:
             value = inputs["model"]
         elif eq and bare == _ADAPTER_PATH_KEY and value not in ("null", "None", ""):
@@ -264,9 +315,19 @@ def normalise(overrides: tuple[str, ...], inputs: dict[str, str]) -> tuple[str, 
             value = str(min(int(value), MAX_LORA_RANK))
         elif eq and bare == _PY_EXECUTABLE_KEY and value.strip("'\"").startswith("uv "):
             value = "null"
+        elif eq and bare == _LOGGER_KEY:
+            value = installed_sinks(value)
+        elif eq and bare.endswith("custom_reward_function.path") and _VERL_REPO_FILE.search(value):
+            value = inputs["reward_function"]
+        else:
+            value = _budget_without_sequence_parallelism(bare, value, sp_sizes)
         seen.add(bare)
         out.append(f"{key}{eq}{value}" if eq else override)
     out += [f"{key}={value}" for key, value in _HARDWARE.items() if key not in seen]
+    if _LOGGER_KEY not in seen:  # the config's default (verl's [console, wandb]) where it names a missing package
+        default = _default_logger()
+        if installed_sinks(default) != default:
+            out.append(f"{_LOGGER_KEY}={installed_sinks(default)}")
     return tuple(out)
 
 

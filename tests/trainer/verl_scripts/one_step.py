@@ -5,9 +5,10 @@ cores for January's; ``--only NAME ...`` for those whose path contains a NAME; t
 one line per script: ``OK`` or the error lines of the run.
 
 The normalised script (:func:`~tests.trainer.verl_scripts.harness.normalise`) is shrunk to a step a 2-core CPU runs
-in seconds (:data:`SMALL_STEP`): 8 prompts of at most 64 tokens, responses of at most 8, the micro-batch sizes that
-divide that, one step, no validation, no checkpoint, the console and jsonl loggers (verl's scripts log to W&B), vLLM's
-KV cache at 2% of the RAM. Everything else is the script's own.
+in seconds by what ``--smoke-test`` does to a user's command line (:func:`verl.trainer.smoke_test.smoke_test_overrides`:
+8 prompts of at most 64 tokens, responses of at most 8, the micro-batch sizes that divide that, one step, no
+validation, no checkpoint, the console and jsonl loggers, vLLM's KV cache at 2% of the RAM). Everything else is the
+script's own.
 """
 
 from __future__ import annotations
@@ -28,40 +29,26 @@ from tests.trainer.verl_scripts.harness import (
     start_up_check,
     write_inputs,
 )
+from verl.trainer.smoke_test import MODEL_PATH_KEYS, smoke_test_overrides
 
 REPO = Path(__file__).resolve().parents[3]
-# The sizes of one small step (on top of the normalised script).
-SMALL_STEP = (
-    "data.train_batch_size=8",
-    "data.val_batch_size=null",
-    "data.max_prompt_length=64",
-    "data.max_response_length=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.02",
-    "critic.ppo_mini_batch_size=8",
-    "critic.ppo_micro_batch_size_per_gpu=8",
-    "reward_model.micro_batch_size_per_gpu=8",
-    "trainer.total_training_steps=1",
-    "trainer.val_before_train=false",
-    "trainer.test_freq=-1",
-    "trainer.save_freq=-1",
-    "trainer.resume_mode=disable",
-    "trainer.logger=[console,jsonl]",
-    "trainer.progress_bar=false",
-    "trainer.plot=false",
-    "ray_init.num_cpus=2",
-)
 
 
-def _small_async_step(script: Script) -> tuple[str, ...]:
-    """A fully async script counts its run in prompts (``rollout.total_rollout_steps``, which then decides the
-    steps): one step's worth, 8 prompts (one local update of ``ppo_mini_batch_size`` 8); () for the others, where
-    the key must stay unset."""
-    keys = {o.partition("=")[0].lstrip("+~") for o in script.overrides}
-    return ("rollout.total_rollout_steps=8",) if "rollout.total_rollout_steps" in keys else ()
+def one_step_argv(
+    script: Script, inputs: dict[str, str], out_dir: Path, extra: tuple[str, ...] = (), own_model: bool = False
+) -> list[str]:
+    """The command line after ``python -m <entry point>``: the normalised script shrunk as ``--smoke-test`` shrinks
+    it, then ``extra`` (which wins over the smoke test's sizes), writing to ``out_dir``.
+
+    With ``own_model`` the script keeps its own model paths (``Qwen/Qwen3-8B``, ...), which the smoke test replaces
+    with the embedded tiny model, as in a user's smoke test (docs/start/from_verl.md).
+    """
+    overrides = normalise(script.overrides, inputs)
+    if own_model:  # the script's own value of each model path, where normalise put the scripts' model
+        own = {o.partition("=")[0]: o for o in script.overrides if o.partition("=")[0].lstrip("+~") in MODEL_PATH_KEYS}
+        overrides = tuple(own.get(o.partition("=")[0], o) for o in overrides)
+    small = smoke_test_overrides(overrides)
+    return script.argv(small + tuple(extra) + (f"trainer.default_local_dir={out_dir}",))
 
 
 def run_one_step(
@@ -71,15 +58,11 @@ def run_one_step(
     out_dir: Path,
     timeout_s: float = 600,
     extra: tuple[str, ...] = (),
+    own_model: bool = False,
 ) -> subprocess.CompletedProcess:
-    """``python -m <the script's entry point>`` with its normalised command line, :data:`SMALL_STEP` and then
-    ``extra``, writing to ``out_dir``; the finished process, its output captured."""
-    # a key the script sets with '+' (it is absent from verl's config) keeps its '+'; ours are plain overrides of
-    # keys the config has, so only those the script does not set are added, and the ones it sets are replaced
-    small = SMALL_STEP + _small_async_step(script)
-    ours = {o.partition("=")[0] for o in small}
-    kept = [o for o in normalise(script.overrides, inputs) if o.partition("=")[0].lstrip("+~") not in ours]
-    argv = script.argv(tuple(kept) + small + tuple(extra) + (f"trainer.default_local_dir={out_dir}",))
+    """``python -m <the script's entry point>`` with :func:`one_step_argv`; the finished process, its output
+    captured."""
+    argv = one_step_argv(script, inputs, out_dir, extra, own_model)
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_DEDUP_LOGS": "0"}
     return subprocess.run(
         [sys.executable, "-m", script.entry_point, *argv],

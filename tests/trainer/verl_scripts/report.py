@@ -28,6 +28,7 @@ from tests.trainer.verl_scripts.harness import (
     SCRIPT_SETS,
     SCRIPTS_JSON,
     Script,
+    load_broken_in_verl,
     load_scripts,
     start_up_check,
     write_inputs,
@@ -118,13 +119,19 @@ def all_blockers(
     return removed, "too many blockers"
 
 
-def format_all_blockers(results: list[tuple[str, list[tuple[str, str]], str | None]]) -> list[str]:
-    """One line per script (the blocking overrides, then what still stops it), a summary, and per blocker (role
-    prefix collapsed) the count, one refusal's text and the scripts."""
-    lines, per_key, sample = [], collections.defaultdict(list), {}
+def format_all_blockers(
+    results: list[tuple[str, list[tuple[str, str]], str | None]], broken: dict[str, str] | None = None
+) -> list[str]:
+    """One line per script (the blocking overrides, then what still stops it), a summary (with the share of the
+    scripts in scope that start, as the start-up test counts it: the first refusal names no out-of-scope feature
+    and the script is not one of ``broken``, those verl cannot start either), and per blocker (role prefix
+    collapsed) the count, one refusal's text and the scripts."""
+    lines, per_key, sample, broken = [], collections.defaultdict(list), {}, broken or {}
     for name, removed, last in results:
         keys = [_override_key(o) for o, _ in removed]
         tail = "starts without them" if last is None else f"then: {last[:200]}"
+        if name in broken:
+            tail += f" [{broken[name][:120]}]"
         lines.append(f"{name}: {len(keys)} blocking: {', '.join(keys) or '-'}; {tail}")
         for key, (_, message) in zip(keys, removed, strict=True):
             per_key[blocker(key)].append(name)
@@ -139,6 +146,16 @@ def format_all_blockers(results: list[tuple[str, list[tuple[str, str]], str | No
         "",
         f"{num_ok} of {len(results)} scripts start; {freed} more start once their blocking overrides go; {out} end "
         "at an out-of-scope feature's refusal",
+    ]
+    in_scope = [
+        (removed, last)
+        for name, removed, last in results
+        if name not in broken and not (not removed and last is not None and last.startswith("out of scope: "))
+    ]
+    starting = sum(not removed and last is None for removed, last in in_scope)
+    lines += [
+        f"in scope (first refusal names no out-of-scope feature; {len(broken)} that verl cannot start either left "
+        f"out): {starting} of {len(in_scope)} start ({100 * starting / max(len(in_scope), 1):.0f} %)",
         "",
     ]
     # the first blocker of each script that does not start (what stops it today), then every blocker
@@ -192,7 +209,8 @@ def main(argv: list[str] | None = None) -> None:
                 Script(s.name, s.config_path, s.config_name, s.overrides + extra, s.entry_point) for s in scripts
             ]
             patterns = (*CURRENT_OUT_OF_SCOPE.values(), *((NEEDS_CUDA,) if args.device is None else ()))
-            lines = format_all_blockers([(s.name, *all_blockers(s, inputs, patterns)) for s in with_extra])
+            broken = load_broken_in_verl(SCRIPT_SETS[args.set]) if args.set == "current" else {}
+            lines = format_all_blockers([(s.name, *all_blockers(s, inputs, patterns)) for s in with_extra], broken)
         else:
             lines = format_report(check_all(Path(tmp), extra, SCRIPT_SETS[args.set]))
     text = "\n".join(lines) + "\n"

@@ -292,3 +292,52 @@ def test_reinforce_loss_at_ratio_one_takes_the_same_step_as_the_clipped_loss():
     assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-6)
     for pa, pb in zip(plain.actor_module.parameters(), weighted.actor_module.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-6, rtol=1e-5)
+
+
+def _saved_and_resumed(tmp_path, save, load, updates=3):
+    """An fp16 actor trained ``updates`` times and saved with ``checkpoint.save_contents=save``, and another (another
+    init) that loads the checkpoint with ``load_contents=load``: (the source, the resumed actor, its train_state)."""
+    from verl.utils.checkpoint import TRAIN_STATE_FILE, load_state
+
+    source = make_actor(dtype="float16", checkpoint={"save_contents": save})
+    batch = batch_with_old_log_probs(source)
+    for _ in range(updates):
+        source.update_policy(batch)
+    with atomic_directory(tmp_path / "ckpt") as tmp:
+        source.save_checkpoint(tmp)
+    resumed = make_actor(seed=123, dtype="float16", checkpoint={"save_contents": save, "load_contents": load})
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    return source, resumed, load_state(tmp_path / "ckpt" / TRAIN_STATE_FILE)
+
+
+def test_a_checkpoint_holds_what_save_contents_names_and_resumes_the_rest_fresh(tmp_path, caplog):
+    # verl's save_contents=['model']: the weights only; a resume with the same list starts optimizer and schedule anew
+    with caplog.at_level(logging.WARNING):
+        source, resumed, state = _saved_and_resumed(tmp_path, ["model"], ["model"])
+    assert state["training_state_parts"] == [] and state["optimizer"] is None and state["lr_scheduler"] is None
+    assert_same(source.actor_module.state_dict(), resumed.actor_module.state_dict())
+    assert resumed.num_update_steps == 0 and resumed.lr_scheduler.last_epoch == 0  # fresh, not the source's 3
+    assert resumed.optimizer.optimizer.state_dict()["state"] == {}  # no moments yet
+    assert "without ['optimizer', 'extra']" in caplog.text and "not exact" in caplog.text
+
+
+def test_a_checkpoint_with_the_extra_state_but_no_optimizer_resumes_the_schedule(tmp_path):
+    # verl's [model, hf_model, extra] (without hf_model, which this run has no use for): counters and LR schedule
+    # come back, the optimizer (moments, loss scale) starts fresh
+    source, resumed, state = _saved_and_resumed(tmp_path, ["model", "extra"], ["model", "extra"])
+    assert state["training_state_parts"] == ["extra"] and state["optimizer"] is None
+    assert resumed.num_update_steps == source.num_update_steps == 3
+    assert resumed.lr_scheduler.last_epoch == source.lr_scheduler.last_epoch
+    assert resumed.update_outcome_handler.state_dict() == source.update_outcome_handler.state_dict()
+    assert resumed.optimizer.optimizer.state_dict()["state"] == {}
+
+
+def test_a_resume_asking_for_a_part_the_checkpoint_lacks_stops_before_loading(tmp_path):
+    from verl.utils.checkpoint import CheckpointError
+
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds no optimizer state: .* saved \['model', 'extra'\].*leave "
+        r"\['optimizer'\] out of actor_rollout_ref.actor.checkpoint.load_contents",
+    ):
+        _saved_and_resumed(tmp_path, ["model", "extra"], ["model", "optimizer", "extra"])

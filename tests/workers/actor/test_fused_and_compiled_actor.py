@@ -118,13 +118,9 @@ def test_the_reference_is_compiled_with_the_actor(monkeypatch):
     assert isinstance(ref._call_module, dp_actor.CompiledModuleCall)
 
 
-def test_megatron_refuses_compile_by_name_and_takes_fused_kernels():
-    with pytest.raises(ValueError, match=r"actor\.use_torch_compile=true .*megatron"):
-        load_section(ActorConfig, {"strategy": "megatron", "use_torch_compile": True})
-    # megatron computes them in its output layer (tests/workers/actor/test_megatron_actor.py)
-    assert load_section(ActorConfig, {"strategy": "megatron", "use_fused_kernels": True}).use_fused_kernels
-    # dp and fsdp2 accept both
-    for strategy in ("dp", "fsdp2"):
+def test_every_backend_takes_compile_and_fused_kernels():
+    # megatron compiles the entropy and computes fused log-probs in its output layer (test_megatron_actor.py)
+    for strategy in ("dp", "fsdp2", "megatron"):
         config = load_section(ActorConfig, {"strategy": strategy, "use_torch_compile": True, "use_fused_kernels": True})
         assert config.use_torch_compile and config.use_fused_kernels
 

@@ -314,6 +314,38 @@ def test_the_fused_layer_is_plain_outside_a_request():
     torch.testing.assert_close(forward_logits(fused.model, *args), forward_logits(plain.model, *args))
 
 
+def test_use_torch_compile_compiles_the_entropy_and_changes_no_number(monkeypatch):
+    # what verl compiles on megatron: the entropy of the logits, not megatron-core's forward. The "eager" backend
+    # traces and guards as inductor does, without its code generation (minutes on this CPU; inductor fuses the same
+    # operations)
+    import torch._dynamo.testing
+
+    from verl.utils import torch_functional
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("eager")
+    monkeypatch.setattr(torch_functional, "ENTROPY_COMPILE_BACKEND", counter)
+    torch._dynamo.reset()
+    plain, compiled = (
+        make_megatron_actor(entropy_coeff=0.01),
+        make_megatron_actor(entropy_coeff=0.01, use_torch_compile=True),
+    )
+    batch = ppo_batch()
+    want, want_entropy = plain.compute_log_prob(batch, calculate_entropy=True)
+    got, got_entropy = compiled.compute_log_prob(batch, calculate_entropy=True)
+    assert counter.frame_count == 1  # the entropy's graph; the model ran eagerly
+    torch.testing.assert_close(got, want, atol=0, rtol=0)  # the log-probs are not compiled
+    torch.testing.assert_close(got_entropy, want_entropy, atol=1e-6, rtol=0)
+    batch.batch["old_log_probs"] = want
+    plain_metrics, compiled_metrics = plain.update_policy(batch).metrics, compiled.update_policy(batch).metrics
+    assert compiled_metrics["actor/entropy"] == pytest.approx(plain_metrics["actor/entropy"], rel=1e-6)
+    assert compiled_metrics["actor/grad_norm"] == pytest.approx(plain_metrics["actor/grad_norm"], rel=1e-5)
+    assert counter.frame_count == 2  # one graph per grad mode: the log-prob pass runs without gradients
+    torch.testing.assert_close(compiled.compute_log_prob(batch)[0], plain.compute_log_prob(batch)[0], atol=1e-6, rtol=0)
+    # other batch sizes reuse the two graphs (dynamic shapes)
+    compiled.compute_log_prob(ppo_batch(num_samples=6, seed=1), calculate_entropy=True)
+    assert counter.frame_count == 2
+
+
 class _ShardedOptimizerState:
     """Stands in for megatron-core's distributed optimizer (CUDA only): its gathered state, and what it was given."""
 

@@ -26,25 +26,27 @@ def test_override_transformer_config_reaches_megatron_core():
     assert actor.model.config.sequence_parallel is False  # tensor-parallel size 1: megatron-core allows no SP
 
 
-def test_a_cuda_only_override_is_refused_when_the_model_is_built_on_cpu():
-    with pytest.raises(
-        ValueError, match=r"recompute_granularity='selective' recomputes single modules .*On CPU use 'full'"
-    ):
-        build({"override_transformer_config": {"recompute_granularity": "selective"}})
-
-
-def test_full_recomputation_trains_on_cpu_as_the_stored_run_does():
-    # verl's megatron scripts: recompute_granularity=full, method uniform, 1 layer; on CPU by torch's checkpoint
-    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+@pytest.mark.parametrize(
+    "recompute",
+    [
+        # verl's megatron scripts: whole layers, uniform groups of 1
+        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+        {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"]},
+    ],
+)
+def test_recomputation_trains_on_cpu_as_the_stored_run_does(recompute):
     plain, _ = build({})
     recomputed, _ = build({"override_transformer_config": recompute})
+    # the section's recompute_* keys are megatron-core's TransformerConfig fields of the built model
+    assert {name: getattr(recomputed.model.config, name) for name in recompute} == recompute
+    assert plain.model.config.recompute_granularity is None
     results = []
     for actor in (plain, recomputed):
         batch = ppo_batch()
         batch.batch["old_log_probs"], _ = actor.compute_log_prob(batch)
         metrics = actor.update_policy(batch).metrics
         results.append((metrics["actor/grad_norm"], actor.compute_log_prob(batch)[0]))
-    # the backward runs each layer's forward again: the same operations, the same numbers
+    # the backward runs the recomputed parts' forward again: the same operations, the same numbers
     assert results[1][0] == results[0][0]
     assert torch.equal(results[1][1], results[0][1])
 

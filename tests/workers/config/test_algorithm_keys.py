@@ -113,6 +113,39 @@ def test_bad_rollout_correction_fails_at_start_up(overrides, match):
         compose_ppo_config(overrides)
 
 
+def test_a_null_is_threshold_means_no_importance_weights_as_in_verl():
+    # verl's dapo_7b_math_fsdp2_64_64_ris.sh: rejection only, the IS threshold null (verl's type takes null)
+    import torch
+
+    from verl.algorithms.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    cfg = compose_ppo_config(
+        [
+            f"{RC}.rollout_is=null",
+            f"{RC}.rollout_is_threshold=null",
+            f"{RC}.rollout_rs=seq_mean_k1",
+            f"{RC}.rollout_rs_threshold=0.999_1.001",
+        ]
+    )
+    correction = cfg.algorithm.rollout_correction
+    assert correction.rollout_is_threshold is None and correction.enabled
+    # log pi_old - log mu = 0 everywhere: every sequence's mean ratio is 1, inside the band, so nothing is rejected
+    zeros, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    weights, kept, _ = compute_rollout_correction_and_rejection_mask(
+        zeros,
+        zeros,
+        mask,
+        rollout_is=correction.rollout_is,
+        rollout_is_threshold=correction.rollout_is_threshold,
+        rollout_rs=correction.rollout_rs,
+        rollout_rs_threshold=correction.rollout_rs_threshold,
+    )
+    assert weights is None and torch.equal(kept, mask)
+    # weights asked for without a threshold: verl would silently compute none; refused here with the two fixes
+    with pytest.raises(ValueError, match=rf"{RC}.rollout_is_threshold=null with rollout_is=token.*rollout_is=null"):
+        compose_ppo_config([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=null"])
+
+
 def test_rollout_correction_settings_in_verl_forms():
     cfg = compose_ppo_config(
         [

@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.workers.config import PPOConfig, compose_omegaconf, compose_with_defaults
+from verl.workers.config.loading import CONFIG_DIR
 
 A = "actor_rollout_ref.actor"
 R = "actor_rollout_ref.ref"
@@ -66,6 +67,14 @@ def test_the_new_keys_have_verls_defaults(default):
     assert cfg.actor_rollout_ref.rollout.moe_tensor_parallel_size == 1
     assert cfg.actor_rollout_ref.model.enable_activation_offload is False
     assert (cfg.data.filter_overlong_prompts_workers, cfg.data.image_patch_size) == (1, 14)
+    # verl's engine/fsdp.yaml: use_torch_compile true, model_dtype fp32 (every role); rollout: vLLM's sleep mode on
+    # (verl's RolloutConfig default); data: 8 loader workers (verl's), 0 in the embedded layer the fixture runs
+    for fsdp in (actor.fsdp_config, ref.fsdp_config, critic.model.fsdp_config):
+        assert (fsdp.use_torch_compile, fsdp.model_dtype) == (True, "fp32")
+    assert cfg.actor_rollout_ref.rollout.enable_sleep_mode is True and cfg.data.dataloader_num_workers == 0
+    assert OmegaConf.select(default.defaults, "data.dataloader_num_workers") == 0
+    verl_data = OmegaConf.load(CONFIG_DIR / "data" / "legacy_data.yaml")
+    assert verl_data.dataloader_num_workers == 8
 
 
 # ---------------------------------------------------------------------------------------------- fsdp_config
@@ -179,8 +188,6 @@ def test_checkpoint_strict_either_value_is_accepted(default):
     "changes, match",
     [
         ({f"{A}.calculate_sum_pi_squared": True}, rf"{A}\.calculate_sum_pi_squared=true .*sum_pi_squared"),
-        ({"actor_rollout_ref.model.enable_activation_offload": True}, r"model\.enable_activation_offload=true"),
-        ({"critic.model.enable_activation_offload": True}, r"critic\.model\.enable_activation_offload=true"),
         ({f"{RO}.moe_tensor_parallel_size": 2}, rf"{RO}\.moe_tensor_parallel_size"),
         ({"data.image_patch_size": 16}, r"data\.image_patch_size=16 sets the vision patch size"),
         ({f"{A}.optim.optimizer": "SGD"}, rf"{A}\.optim\.optimizer='SGD': this project trains with AdamW only"),
@@ -194,6 +201,44 @@ def test_checkpoint_strict_either_value_is_accepted(default):
 def test_what_asks_for_a_missing_feature_is_refused_by_its_key(default, changes, match):
     with pytest.raises(ValueError, match=match):
         validate(default, changes)
+
+
+@pytest.mark.parametrize("key", ["actor_rollout_ref.model", "critic.model"])
+def test_activation_offload_is_accepted_on_fsdp2_and_refused_on_the_other_backends(default, key):
+    changes = {f"{key}.enable_activation_offload": True, "algorithm.adv_estimator": "gae"}  # gae: the critic trains
+    cfg = validate(default, changes)
+    model = cfg.actor_rollout_ref.model if key.startswith("actor") else cfg.critic.model
+    assert model.enable_activation_offload is True
+    section = A if key.startswith("actor") else "critic"
+    with pytest.raises(
+        ValueError,
+        match=rf"^{key}\.enable_activation_offload=true with {section}\.strategy=dp: .*"
+        r"fsdp2 backend.*enable_gradient_checkpointing=true",
+    ):
+        validate(default, {**changes, f"{section}.strategy": "dp"})
+
+
+def test_activation_offload_on_megatron_points_at_megatrons_recompute(megatron_default):
+    with pytest.raises(ValueError, match=r"strategy=megatron: .*recompute_granularity"):
+        validate(megatron_default, {"actor_rollout_ref.model.enable_activation_offload": True})
+
+
+def test_sleep_mode_off_is_a_vllm_key(default):
+    # verl's fully async scripts add +actor_rollout_ref.rollout.enable_sleep_mode=False with rollout.name=vllm; on
+    # another rollout nothing reads it
+    assert (
+        validate(default, {f"{RO}.name": "vllm", f"{RO}.enable_sleep_mode": False}).actor_rollout_ref.rollout.sleeps
+        is False
+    )
+    assert validate(default, {f"{RO}.name": "vllm"}).actor_rollout_ref.rollout.sleeps is True
+    with pytest.raises(ValueError, match=rf"{RO}\.enable_sleep_mode is set, but nothing reads it"):
+        validate(default, {f"{RO}.enable_sleep_mode": False})
+
+
+def test_dataloader_workers_take_zero_or_more(default):
+    assert validate(default, {"data.dataloader_num_workers": 0}).data.dataloader_num_workers == 0
+    with pytest.raises(ValueError, match=r"data\.dataloader_num_workers"):
+        validate(default, {"data.dataloader_num_workers": -1})
 
 
 def test_data_filter_workers_is_accepted(default):

@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl.workers.config import compose_omegaconf, compose_ppo_config
-from verl.workers.config.megatron import MegatronConfig, check_optimizer_overrides
-from verl.workers.config.schema import build_config
+from verl.workers.config.megatron import MegatronConfig, check_optimizer_overrides, check_recompute
+from verl.workers.config.schema import FieldError, build_config
 
 A = "actor_rollout_ref.actor"
 ROOT = Path(__file__).resolve().parents[3]
@@ -156,21 +156,69 @@ def test_transformer_overrides_reach_the_builder_with_sequence_parallel_where_it
     assert split.replace(sequence_parallel=False).transformer_overrides("cuda")["sequence_parallel"] is False
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        (
-            f"{A}.megatron.override_transformer_config.recompute_granularity=selective",
-            r"override_transformer_config.recompute_granularity='selective' recomputes single modules .*CUDA only",
-        ),
-        (f"{A}.megatron.use_distributed_optimizer=true", r"use_distributed_optimizer=true shards .* torch.optim"),
-    ],
-)
-def test_what_needs_cuda_is_refused_on_cpu_naming_the_key(override, message):
-    overrides = [override, f"{A}.megatron.dist_checkpointing_path=/ckpt"]
-    with pytest.raises(ValueError, match=rf"{A}.megatron.{message}"):
+def test_what_needs_cuda_is_refused_on_cpu_naming_the_key():
+    overrides = [f"{A}.megatron.use_distributed_optimizer=true", f"{A}.megatron.dist_checkpointing_path=/ckpt"]
+    with pytest.raises(ValueError, match=rf"{A}.megatron.use_distributed_optimizer=true shards .* torch.optim"):
         compose(overrides, device="cpu")
     compose(overrides, device="cuda")  # accepted where the worker can run it (it checks again there)
+
+
+RECOMPUTE = f"{A}.megatron.override_transformer_config.recompute"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_verls_recompute_keys_with_gradient_checkpointing_start_and_reach_the_transformer_config(device, caplog):
+    # run_hy_v3_megatron.sh's lines: verl's megatron engine never reads enable_gradient_checkpointing (accepted and
+    # logged); the recompute_* keys go to TransformerConfig (on CPU too: verl.models.mcore.recompute)
+    full = [f"+{RECOMPUTE}_method=uniform", f"+{RECOMPUTE}_granularity=full", f"+{RECOMPUTE}_num_layers=1"]
+    with caplog.at_level(logging.INFO, logger="verl.workers.config.ppo"):
+        cfg = compose(["actor_rollout_ref.model.enable_gradient_checkpointing=True", *full], device=device)
+    assert "megatron-core model does not read it" in caplog.text and "recompute_granularity=full" in caplog.text
+    overrides = cfg.actor_rollout_ref.actor.megatron.transformer_overrides(device)
+    assert {
+        name: overrides[name] for name in ("recompute_granularity", "recompute_method", "recompute_num_layers")
+    } == {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    }
+    # selective (megatron-core's default module, core_attn) starts on both devices too
+    compose([f"{RECOMPUTE}_granularity=selective", f"{RECOMPUTE}_modules=[core_attn,mlp]"], device=device)
+
+
+def test_gradient_checkpointing_without_recompute_keys_warns_that_nothing_is_recomputed(caplog):
+    with caplog.at_level(logging.WARNING, logger="verl.workers.config.ppo"):
+        compose(["actor_rollout_ref.model.enable_gradient_checkpointing=True"], device="cpu")
+    assert "recompute_granularity=None (nothing recomputed; set full or selective" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"recompute_granularity": "full"}, r"granularity=full recomputes groups .* \(got None\)"),
+        (
+            {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 0},
+            r"granularity=full .* recompute_num_layers to an integer >= 1 \(got 0\)",
+        ),
+        ({"recompute_granularity": "layer"}, r"granularity='layer' is not supported; use null, full or selective"),
+        (
+            {"recompute_granularity": "selective", "recompute_num_layers": 1},
+            r"num_layers=1 must be null with recompute_granularity=selective",
+        ),
+        (
+            {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "moe_act"]},
+            r"modules=\['core_attn', 'moe_act'\]: .* mixture-of-experts",
+        ),
+    ],
+)
+def test_recompute_values_megatron_core_refuses_are_refused(given, message):
+    with pytest.raises(FieldError, match=rf"override_transformer_config.recompute_{message}"):
+        check_recompute(given)
+
+
+def test_a_refused_recompute_value_names_the_full_key_at_start_up():
+    with pytest.raises(ValueError, match=rf"{RECOMPUTE}_granularity=full recomputes groups of whole layers"):
+        compose([f"{RECOMPUTE}_granularity=full"])
 
 
 def test_kernel_fusions_on_cpu_are_logged_and_left_to_the_unfused_path(caplog):

@@ -6,6 +6,7 @@ import pytest
 from verl.workers.config.out_of_scope import (
     DistillationConfig,
     TransferQueueConfig,
+    command_line_refusals,
     model_engine_message,
     out_of_scope_message,
     override_message,
@@ -85,3 +86,31 @@ def test_command_line_overrides_of_out_of_scope_features_are_explained(override,
 )
 def test_overrides_of_what_exists_here_are_left_to_the_other_checks(override):
     assert override_message(override) is None
+
+
+def test_a_command_line_hears_every_out_of_scope_feature_it_uses_in_its_own_order():
+    overrides = [
+        "actor_rollout_ref.model.mtp.enable=true",  # not built, but not out of scope: left to the other checks
+        "actor_rollout_ref.rollout.name=sglang",
+        "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
+        "transfer_queue.enable=true",
+        "data.train_batch_size=8",
+    ]
+    refusals = command_line_refusals(overrides)
+    assert len(refusals) == 3
+    assert refusals[0].startswith("actor_rollout_ref.rollout.name=sglang: SGLang rollouts are out of scope")
+    assert refusals[1].startswith("actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend is set, but SGL")
+    assert refusals[2].startswith("transfer_queue.enable=true asks for TransferQueue")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=null",  # verl's own default entry
+        "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_model_len=4096",
+        "transfer_queue.enable=false",
+    ],
+)
+def test_what_runs_here_and_verls_null_defaults_are_not_refused_on_the_command_line(override):
+    assert command_line_refusals([override]) == []

@@ -63,6 +63,20 @@ def test_what_verls_scripts_set_is_accepted():
     }
 
 
+def test_verls_agent_workers_and_tokenizer_switch_are_accepted():
+    # grpo_qwen35_35b_megatron_async.sh and run_qwen3_30b_a3b_megatron.sh: no agent-loop processes exist here (any
+    # count gives the same rollouts); skip_tokenizer_init is the vLLM engine's (tests/workers/rollout/test_vllm_engine)
+    rollout = compose_ppo_config(
+        [f"{R}.name=vllm", f"{R}.mode=async", f"{R}.agent.num_workers=2", f"{R}.skip_tokenizer_init=True"]
+    ).actor_rollout_ref.rollout
+    assert (rollout.agent.num_workers, rollout.skip_tokenizer_init) == (2, True)
+    with pytest.raises(ValueError, match=rf"{R}.agent.num_workers"):
+        compose_ppo_config([f"{R}.agent.num_workers=0"])
+    # the engine's switch, with another rollout: nothing would read it
+    with pytest.raises(ValueError, match=rf"{R}.skip_tokenizer_init is set, but nothing reads it"):
+        compose_ppo_config([f"{R}.skip_tokenizer_init=false"])
+
+
 @pytest.mark.parametrize(
     "overrides, match",
     [
@@ -85,10 +99,6 @@ def test_what_verls_scripts_set_is_accepted():
         (
             [f"{R}.name=hf", "actor_rollout_ref.actor.strategy=dp", f"{R}.ignore_eos=true"],
             rf"{R}\.ignore_eos=true is not",
-        ),
-        (
-            ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.actor.strategy=megatron"],
-            r"hybrid_engine=false with actor\.strategy=megatron",
         ),
         (
             ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=3"],
@@ -146,6 +156,23 @@ def test_partial_rollouts_take_the_naive_and_vllm_rollouts(name):
     assert config.async_training.partial_rollout and config.actor_rollout_ref.rollout.name == name
 
 
+def test_a_megatron_actor_feeds_a_rollout_group_of_its_own():
+    # verl's dapo_7b_math_megatron_4_12 layout (4 actor ranks: 2 tensor-parallel x 2 stages, vLLM on a group of its
+    # own): the actor gathers its shards and stages into Hugging Face weights for the group
+    config = compose_ppo_config(
+        [
+            "actor_rollout_ref.hybrid_engine=false",
+            "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+            "trainer.n_gpus_per_node=4",
+            f"{R}.name=vllm",
+            "rollout.n_gpus_per_node=2",
+        ]
+    )
+    assert config.separate_rollout and config.rollout.world_size == 2
+
+
 @pytest.mark.parametrize("strategy", ["dp", "fsdp"])
 def test_naive_rollout_tensor_parallel_needs_a_model_split_that_way(strategy):
     overrides = [
@@ -179,3 +206,14 @@ def test_vllm_tensor_parallel_must_divide_the_ranks_and_groups_consecutive_ranks
     assert [engine_index(rollout, rank) for rank in range(4)] == [0, 0, 1, 1]
     naive = load_section(RolloutConfig)
     assert [engine_index(naive, rank) for rank in range(4)] == [0, 1, 2, 3]
+
+
+def test_switching_to_another_rollout_names_every_vllm_key_to_drop_in_one_message():
+    # issue 51: a verl script moved to the naive rollout used to hear of these one start-up at a time
+    overrides = [f"{R}.gpu_memory_utilization=0.3", f"{R}.load_format=safetensors", f"{R}.layered_summon=true"]
+    with pytest.raises(ValueError) as info:
+        compose_ppo_config(overrides)
+    message = str(info.value)
+    assert message.startswith("3 settings are set, but nothing reads them")
+    for name in ("gpu_memory_utilization", "load_format", "layered_summon"):
+        assert f"  - {R}.{name}: applies with {R}.name=vllm (the rollout is naive)" in message

@@ -123,3 +123,33 @@ def test_nested_sections_are_verl_classes_with_their_roles_defaults():
     assert isinstance(config.fsdp_config, FSDPEngineConfig) and isinstance(config.megatron, McoreEngineConfig)
     # the critic's optimizer takes the critic's defaults, not the actor's
     assert CriticConfig(ppo_micro_batch_size_per_gpu=1).optim.lr == section_defaults("critic.optim.lr")
+
+
+def test_verls_class_defaults_where_verls_yaml_differs():
+    # verl's FSDPOptimizerConfig leaves min_lr_ratio None (its YAML: 0.0); McoreOptimizerConfig names megatron's adam
+    assert FSDPOptimizerConfig(lr=0.1).min_lr_ratio is None
+    assert OptimizerConfig(lr=0.1).min_lr_ratio == section_defaults("actor_rollout_ref.actor.optim.min_lr_ratio")
+    assert FSDPOptimizerConfig(lr=0.1, min_lr_ratio=0.1).min_lr_ratio == 0.1
+    assert McoreOptimizerConfig(lr=0.1).optimizer == "adam"
+    assert FSDPOptimizerConfig(lr=0.1).optimizer == section_defaults("actor_rollout_ref.actor.optim.optimizer")
+    # the cosine schedule's waves: verl's 0.5 from the YAML, any number > 0 given
+    assert FSDPOptimizerConfig(lr=0.1).num_cycles == 0.5
+    assert FSDPOptimizerConfig(lr=0.1, num_cycles=2.5).num_cycles == 2.5
+    with pytest.raises(ValueError, match="num_cycles"):
+        FSDPOptimizerConfig(lr=0.1, num_cycles=-1.0)
+
+
+def test_model_target_modules_merge_through_omegaconf_and_are_type_checked():
+    from omegaconf import OmegaConf
+
+    # the defaults live in the YAML, so the structured class has every key missing; a list or a name merges over it
+    structured = OmegaConf.structured(HFModelConfig)
+    assert OmegaConf.is_missing(structured, "lora_rank")
+    merged = OmegaConf.merge(structured, {"path": "some/model", "target_modules": ["q_proj", "v_proj"]})
+    assert list(merged.target_modules) == ["q_proj", "v_proj"]
+    assert HFModelConfig(path="some/model", target_modules=["q_proj"]).target_modules == ["q_proj"]
+    assert HFModelConfig(path="some/model", exclude_modules=None).exclude_modules is None
+    with pytest.raises(TypeError, match="target_modules must be a string or a list of strings"):
+        HFModelConfig(path="some/model", target_modules=[1, 2])
+    with pytest.raises(TypeError, match="exclude_modules"):
+        HFModelConfig(path="some/model", exclude_modules=3)

@@ -132,9 +132,16 @@ def test_naive_custom_score_with_extra_info(tokenizer):
 
 
 def test_naive_errors(tokenizer):
-    data = _batch([(_digits("1"), "1", "mystery")])
-    with pytest.raises(ValueError, match="No built-in reward scorer for data_source 'mystery'"):
+    from verl.workers.reward_manager import SampleScoringError
+
+    data = _batch([(_digits("1"), "1", "tiny_task"), (_digits("1"), "1", "mystery")])
+    # the scorer's own error, under the sample it failed on (what the trainer turns into the data row)
+    match = r"sample 1 of the batch \(data_source 'mystery'\): ValueError: No built-in reward scorer for data_source"
+    with pytest.raises(SampleScoringError, match=match) as failed:
         NaiveRewardManager(tokenizer)(data)
+    assert (failed.value.position, failed.value.data_source) == (1, "mystery")
+    assert isinstance(failed.value.__cause__, ValueError)
+    data = _batch([(_digits("1"), "1", "mystery")])
     data.non_tensor_batch.pop("ground_truth")
     with pytest.raises(ValueError, match="needs non-tensor key 'ground_truth'"):
         NaiveRewardManager(tokenizer)(data)

@@ -1,5 +1,7 @@
 """Tests for the hf rollout: same responses as the naive rollout under greedy decoding, layout, seeding."""
 
+import logging
+
 import pytest
 import torch
 
@@ -74,3 +76,29 @@ def test_top_k_one_equals_greedy_and_training_mode_restored(tiny_model, prompts)
 def test_rejects_module_without_generate():
     with pytest.raises(ValueError, match="naive"):
         HFRollout(torch.nn.Linear(2, 2), sampling_options(n=1, response_length=2), PAD_ID, UNUSED_EOS)
+
+
+def test_the_token_observer_hears_each_response_token_before_it_is_generated(tiny_model, prompts):
+    # what the profiler's token window listens to: index t before token t; none after the last (index 4)
+    rollout = HFRollout(tiny_model, sampling_options(response_length=4, do_sample=False), PAD_ID, UNUSED_EOS)
+    heard = []
+    rollout.token_observer = heard.append
+    assert rollout.generate_sequences(prompts).batch["responses"].shape[1] == 4
+    assert heard == [0, 1, 2, 3]
+
+
+def test_generate_is_called_without_a_transformers_deprecation(tiny_model, prompts):
+    # transformers 5 deprecates generation arguments passed beside a generation_config: all of ours are in it
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    hf_logger = logging.getLogger("transformers")  # its records do not reach the root logger (caplog)
+    logging.Logger.warning_once.cache_clear()  # transformers' once-per-process warnings: this test sees its own
+    hf_logger.addHandler(handler)
+    try:
+        HFRollout(tiny_model, sampling_options(response_length=4, n=1, seed=0), PAD_ID, UNUSED_EOS).generate_sequences(
+            prompts
+        )
+    finally:
+        hf_logger.removeHandler(handler)
+    assert [m for m in messages if "deprecated" in m] == []

@@ -183,3 +183,15 @@ def test_a_rollout_decodes_on_multiples_of_eight_rows_and_discards_the_riders_to
         expected = [9] * row + [EOS] + [PAD_ID] * (length - row - 1)
         assert out.batch["responses"][row].tolist() == expected
         assert out.batch["response_mask"][row].sum() == row + 1
+
+
+def test_the_token_observer_hears_each_response_token_before_the_model_produces_it():
+    # what the profiler's token window listens to: index t right before the model call that yields token t
+    prompts = make_prompts([[5], [6, 7]], num_prompt_tokens=2)
+    script = ScriptedLogits([[EOS, 9, 9, 9], [9, EOS, 9, 9]], num_prompt_tokens=2)
+    rollout = NaiveRollout(script, sampling_options(n=1, response_length=4, temperature=0), PAD_ID, EOS)
+    heard = []
+    rollout.token_observer = lambda index: heard.append((index, len(script.calls)))
+    rollout.generate_sequences(prompts)
+    # both rows end at token 1: tokens 0 and 1 are produced, by model calls 1 and 2
+    assert heard == [(0, 0), (1, 1)] and len(script.calls) == 2

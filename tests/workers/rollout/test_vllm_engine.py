@@ -77,6 +77,17 @@ def test_engine_kwargs_come_from_the_rollout_keys(model_dir):
         ]
         is False
     )
+    # verl's "+actor_rollout_ref.rollout.enable_sleep_mode=False" (its fully async scripts): no sleep mode on the GPU
+    # either, so the engine keeps its weights and KV cache whatever free_cache_engine says
+    awake = vllm_config("+actor_rollout_ref.rollout.enable_sleep_mode=False").actor_rollout_ref
+    assert awake.rollout.free_cache_engine and engine_kwargs(awake, 0, "cuda")["enable_sleep_mode"] is False
+
+
+def test_the_engine_skips_its_tokenizer_as_verls_rollout_says(model_dir):
+    # verl's rollout.skip_tokenizer_init (true by default): ids go in and out, so vLLM need not load a tokenizer
+    assert engine_kwargs(vllm_config(model=model_dir).actor_rollout_ref, 0, "cpu")["skip_tokenizer_init"] is True
+    config = vllm_config("actor_rollout_ref.rollout.skip_tokenizer_init=false", model=model_dir)
+    assert engine_kwargs(config.actor_rollout_ref, 0, "cpu")["skip_tokenizer_init"] is False
 
 
 def test_the_engine_builds_the_model_from_the_trainers_overridden_config(model_dir):
@@ -151,6 +162,10 @@ def test_check_accepts_a_model_the_cpu_kernels_take(model_dir):
         (
             ["+actor_rollout_ref.rollout.engine_kwargs.vllm.dtype=float32"],
             r"engine_kwargs.vllm.dtype is set from actor_rollout_ref.rollout.dtype \(null: actor_rollout_ref.actor",
+        ),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.skip_tokenizer_init=false"],
+            r"engine_kwargs.vllm.skip_tokenizer_init is set from actor_rollout_ref.rollout.skip_tokenizer_init",
         ),
         (
             [

@@ -128,6 +128,24 @@ def test_bad_input_fails_early_and_says_what_is_accepted(policy, match):
     assert "actor_rollout_ref.actor.update_failure_policy" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "policy, written",
+    [
+        ("name: fp16_warn_and_count", "{name: fp16_warn_and_count}"),
+        ("name:strict", "{name: strict}"),
+        ("name: mine, module: my.handlers", "{name: mine, module: my.handlers}"),
+    ],
+)
+def test_a_mapping_without_braces_is_named_with_its_right_form(policy, written):
+    # Hydra hands `update_failure_policy=name: x` over as the string 'name: x', which read as the class path of a
+    # module called 'name'
+    with pytest.raises(ValueError) as info:
+        build_update_outcome_handler(policy, dtype="float16")
+    message = str(info.value)
+    assert "a mapping written without its braces" in message and "could not be imported" not in message
+    assert f"'actor_rollout_ref.actor.update_failure_policy={written}'" in message
+
+
 def test_errors_name_the_critic_key_for_the_critic():
     with pytest.raises(ValueError, match=r"critic\.update_failure_policy"):
         build_update_outcome_handler("bogus", dtype="float16", role="critic")

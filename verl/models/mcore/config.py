@@ -185,6 +185,8 @@ def build_transformer_config(
         "pipeline_model_parallel_size": pipeline_model_parallel_size,
         "use_cpu_initialization": use_cpu_initialization,
         "init_method_std": getattr(hf_config, "initializer_range", 0.02),
+        # megatron-core's default, "full", is deprecated and warns on every model built; [] means the same
+        "cuda_graph_scope": [],
         **_UNFUSED,
     }
     kwargs.update(overrides)

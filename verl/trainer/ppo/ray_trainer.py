@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from verl.protocol import DataProto
+from verl.trainer.console import StepProgress
 from verl.trainer.ppo.balance import actor_data_parallel_size, balance_batch
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn, get_kl_controller, kl_penalty
 from verl.trainer.ppo.dynamic_sampling import keep_informative_groups
@@ -32,6 +32,7 @@ from verl.trainer.ppo.metric_utils import (
     compute_timing_metrics,
     slowest_rank,
 )
+from verl.trainer.ppo.reward_errors import reward_function_error
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
 from verl.trainer.ppo.rollout_source import AsyncRollout
@@ -221,14 +222,14 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         if trainer_cfg.val_before_train and self.plan.test_freq > 0 and self.val_batches and self.global_step == 0:
             last = self.validate()
             self.tracker.log(last, step=0)
-        progress = tqdm(
-            total=self.total_training_steps,
-            initial=self.global_step,
-            desc="training",
-            disable=not trainer_cfg.progress_bar,
-            dynamic_ncols=True,
-        )
-        profiling = StepSchedule(self.config.global_profiler)
+        with StepProgress(self.total_training_steps, self.global_step, trainer_cfg.progress_bar) as progress:
+            return self._fit_steps(progress) or last
+
+    def _fit_steps(self, progress: StepProgress) -> dict[str, float]:
+        """The steps of :meth:`fit` from ``global_step`` on; returns the last step's metrics ({} when none ran)."""
+        trainer_cfg = self.config.trainer
+        last: dict[str, float] = {}
+        profiling = StepSchedule(self.config.global_profiler, self.total_training_steps)
         while self.global_step < self.total_training_steps:
             self.stop_if_asked()
             if self.stop_signals is not None:
@@ -248,14 +249,12 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             self.tracker.log(metrics, step=self.global_step)
             if trainer_cfg.save_freq > 0 and (self.global_step % trainer_cfg.save_freq == 0 or is_last):
                 self.save_checkpoint()
-            progress.update(1)
-            progress.set_postfix(
+            progress.step(
                 reward=f"{metrics.get('critic/score/mean', float('nan')):.3f}",
                 failed=self.update_results["actor"].num_failed_total if "actor" in self.update_results else 0,
             )
             last = metrics
             self.last_metrics = metrics
-        progress.close()
         return last
 
     def _profile(self, schedule: StepSchedule, step: int, *, start: bool) -> None:
@@ -268,7 +267,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             if start:
                 group.start_profile(step)
             else:
-                written = [path for paths in group.stop_profile() for path in paths]
+                written = [path for paths in group.stop_profile(schedule.is_last(step)) for path in paths]
                 if written:
                     logger.info("profile of step %d: %s", step, ", ".join(written))
 
@@ -398,16 +397,25 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         batch.batch["token_level_rewards"] = rewards
         return batch
 
-    def score(self, batch: DataProto) -> torch.Tensor:
+    def score(self, batch: DataProto, validation: bool = False) -> torch.Tensor:
         """Token-level scores (B, R) of the batch's responses; each extra entry of the reward function's result
         (what a scorer returns besides ``score``, one value per sample) goes into ``batch.non_tensor_batch``, as in
         verl, where GDPO's reward components and ``algorithm.filter_groups.metric`` find it. A batch scored by
         the reward model (``rm_scores``) takes those scores as they are, and the reward function is not called:
-        verl's reward managers return ``rm_scores`` when the batch has them."""
+        verl's reward managers return ``rm_scores`` when the batch has them.
+
+        Raises:
+            RewardFunctionError: the reward function raised; it names the step, the sample and its data row.
+        """
         if "rm_scores" in batch.batch.keys():
             batch.meta_info["reward_extra_keys"] = []
             return batch.batch["rm_scores"]
-        result = self.reward_fn(batch, return_dict=True)
+        try:
+            result = self.reward_fn(batch, return_dict=True)
+        except Exception as err:  # the user's code: say where it failed (validation prompts have no file rows here)
+            step = self.global_step if validation else self.global_step + 1
+            prompts = None if validation else self.train_loader
+            raise reward_function_error(err, batch, step, prompts, validation) from err
         if not isinstance(result, dict):
             return result
         added = []

@@ -3,7 +3,9 @@
 :class:`CheckpointMixin` is a part of :class:`~verl.trainer.ppo.ray_trainer.RayPPOTrainer`; it reads the trainer's
 ``config``, ``plan`` (the :class:`~verl.workers.config.plan.RunPlan`, saved as ``run_plan.json`` in each checkpoint,
 :func:`write_run_plan`), worker groups, ``rollout_source`` (the data position a checkpoint saves), ``kl_ctrl``,
-``roles``, ``stop_signals``, ``resume_from`` and ``global_step``, and keeps ``last_checkpoint``. A write that fails
+``roles``, ``stop_signals``, ``resume_from`` and ``global_step``, and keeps ``last_checkpoint``. Each checkpoint also
+holds the run's validated config as ``config.json`` (:func:`write_saved_config`), which a later run that resumes from it
+compares with its own before Ray starts (:mod:`verl.trainer.resume_check`). A write that fails
 raises :class:`~verl.utils.checkpoint_errors.CheckpointWriteError` and leaves nothing of the attempt behind; between
 two steps a stop signal is answered by a save and :class:`~verl.trainer.preemption.Preempted`.
 """
@@ -34,6 +36,8 @@ logger = logging.getLogger("verl.trainer")
 # the run plan of the run that wrote a checkpoint, as plain JSON beside trainer_state.pt (for people and tools: a
 # resume derives its own plan from its own config)
 RUN_PLAN_FILE = "run_plan.json"
+# the validated config of the run that wrote a checkpoint, as plain JSON: what a resume compares its own config with
+CONFIG_FILE = "config.json"
 
 
 def write_run_plan(step_dir: Path, plan: RunPlan) -> Path:
@@ -46,6 +50,31 @@ def write_run_plan(step_dir: Path, plan: RunPlan) -> Path:
 def read_run_plan(step_dir: Path) -> dict[str, Any]:
     """The plain values of a checkpoint's ``run_plan.json`` (tuples come back as lists)."""
     return json.loads((Path(step_dir) / RUN_PLAN_FILE).read_text(encoding="utf-8"))
+
+
+def write_saved_config(step_dir: Path, config: Any) -> Path:
+    """Write the validated config (a :class:`~verl.workers.config.PPOConfig`) as ``step_dir/config.json``."""
+    path = Path(step_dir) / CONFIG_FILE
+    path.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_saved_config(step_dir: Path) -> dict[str, Any] | None:
+    """The plain values of a checkpoint's ``config.json``; None for a checkpoint written before it was saved.
+
+    Raises:
+        CheckpointError: the file is there but is not a JSON object (damaged, or not written by this trainer).
+    """
+    path = Path(step_dir) / CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(path, f"does not read as JSON ({err})") from err
+    if not isinstance(values, dict):
+        raise CheckpointError(path, f"holds a {type(values).__name__}, not the config's mapping")
+    return values
 
 
 class CheckpointMixin:
@@ -95,6 +124,7 @@ class CheckpointMixin:
                     },
                 )
                 write_run_plan(tmp, self.plan)
+                write_saved_config(tmp, self.config)
                 self._check_written(tmp)
         except (CheckpointWriteError, OSError) as err:
             raise CheckpointWriteError.while_saving(err, final) from err

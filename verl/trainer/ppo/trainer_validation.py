@@ -46,7 +46,7 @@ class ValidationMixin:
                 meta_info=val_kwargs.as_overrides(),  # n, do_sample, temperature, top_k, top_p
             )
             output, weights = self.rollout_source.validation_samples(prompts)
-            score = self.score(output).sum(-1)
+            score = self.score(output, validation=True).sum(-1)
             scores.append(score)
             if len(samples) < num_samples:
                 samples += decoded_samples(self.tokenizer, output, score, num_samples - len(samples))

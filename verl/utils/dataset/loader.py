@@ -1,5 +1,6 @@
 """Batches of prompt rows: :class:`PromptCollator` (tokenized, LEFT-padded prompts) and the resumable
-:class:`StatefulPromptLoader` (a seeded order whose position is saved in checkpoints)."""
+:class:`StatefulPromptLoader` (a seeded order whose position is saved in checkpoints; with worker processes, verl's
+``data.dataloader_num_workers``, the rows are read and collated ahead in a ``torch.utils.data.DataLoader``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.data
 
 __all__ = ["TRUNCATION_MODES", "PromptCollator", "StatefulPromptLoader"]
 
@@ -117,6 +119,11 @@ class PromptCollator:
         return collated
 
 
+def _rows(rows: list[Any]) -> list[Any]:
+    """The DataLoader's collate function without one: the rows as they are."""
+    return rows
+
+
 class StatefulPromptLoader:
     """Batches of a dataset, epoch after epoch, in a seeded per-epoch order that can be saved and resumed.
 
@@ -125,6 +132,11 @@ class StatefulPromptLoader:
     :meth:`load_state_dict` restores it, after which the loader yields exactly the batches the original would
     have.
 
+    With ``num_workers`` > 0 the rest of the current epoch's batches come from a ``torch.utils.data.DataLoader``
+    over the same order (its ``batch_sampler``) with that many worker processes, which read and collate a few
+    batches ahead of the step. The batches are the same as in-process; the position counts the batches handed
+    out, so the ones read ahead are read again after a resume, and a restored position starts a fresh DataLoader.
+
     Args:
         dataset: anything with ``__len__`` and ``__getitem__``.
         batch_size: rows per batch.
@@ -132,9 +144,12 @@ class StatefulPromptLoader:
         shuffle: False keeps the dataset order in every epoch.
         drop_last: drop the final short batch of each epoch (keeps every batch at ``batch_size`` rows).
         collate_fn: applied to each list of rows (e.g. a :class:`PromptCollator`); ``None`` yields the list.
+        num_workers: worker processes of the DataLoader (verl's ``data.dataloader_num_workers``); 0 reads and
+            collates each batch in this process when it is asked for.
 
     Raises:
-        ValueError: non-positive ``batch_size``, or a dataset too small to fill a single batch.
+        ValueError: non-positive ``batch_size``, negative ``num_workers``, or a dataset too small to fill a single
+            batch.
     """
 
     def __init__(
@@ -145,9 +160,12 @@ class StatefulPromptLoader:
         shuffle: bool = True,
         drop_last: bool = True,
         collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
     ):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be 0 or more (data.dataloader_num_workers), got {num_workers!r}.")
         num_rows = len(dataset)
         if num_rows == 0 or (drop_last and num_rows < batch_size):
             raise ValueError(
@@ -160,9 +178,13 @@ class StatefulPromptLoader:
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.collate_fn = collate_fn
+        self.num_workers = num_workers
         self.epoch = 0
         self.batch_index = 0
         self._cached_order: tuple[int, list[int]] | None = None  # (epoch, its order): one shuffle per epoch
+        # with workers: the DataLoader of the current epoch's remaining batches and its iterator (None: none open)
+        self.dataloader: torch.utils.data.DataLoader | None = None
+        self._ahead: Iterator[Any] | None = None
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -188,11 +210,35 @@ class StatefulPromptLoader:
         if self.batch_index >= len(self):
             self.epoch += 1
             self.batch_index = 0
-        order = self._order(self.epoch)
-        start = self.batch_index * self.batch_size
-        rows = [self.dataset[i] for i in order[start : start + self.batch_size]]
+            self._close()
+        if self.num_workers:
+            if self._ahead is None:
+                self._open()
+            batch = next(self._ahead)
+        else:
+            rows = [self.dataset[i] for i in self._batch_rows(self.epoch, self.batch_index)]
+            batch = self.collate_fn(rows) if self.collate_fn is not None else rows
         self.batch_index += 1
-        return self.collate_fn(rows) if self.collate_fn is not None else rows
+        return batch
+
+    def _batch_rows(self, epoch: int, index: int) -> list[int]:
+        """The row indices of batch ``index`` of ``epoch``."""
+        start = index * self.batch_size
+        return self._order(epoch)[start : start + self.batch_size]
+
+    def _open(self) -> None:
+        """A DataLoader over the current epoch's batches from :attr:`batch_index` on, its workers started."""
+        self.dataloader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_sampler=[self._batch_rows(self.epoch, index) for index in range(self.batch_index, len(self))],
+            collate_fn=self.collate_fn if self.collate_fn is not None else _rows,
+            num_workers=self.num_workers,
+        )
+        self._ahead = iter(self.dataloader)
+
+    def _close(self) -> None:
+        """Let the open DataLoader go (its workers stop with its iterator)."""
+        self.dataloader, self._ahead = None, None
 
     def __iter__(self) -> Iterator[Any]:
         """Batches forever (epoch after epoch); stop by step count or :attr:`epoch`."""
@@ -217,5 +263,7 @@ class StatefulPromptLoader:
                 f"Loader state was saved with data.seed={state['seed']} but this run uses {self.seed}; "
                 "resume with the same data.seed or start a fresh run."
             )
-        self.epoch = int(state["epoch"])
-        self.batch_index = int(state["batch_index"])
+        position = (int(state["epoch"]), int(state["batch_index"]))
+        if position != (self.epoch, self.batch_index):
+            self._close()  # the batches read ahead from the old position are not the next ones
+        self.epoch, self.batch_index = position

@@ -12,7 +12,6 @@ with :func:`collate_fn` as in verl.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,37 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.utils.dataset.row_checks import BadRow, RowProblem, describe_problems, is_null, read_records
 from verl.utils.reward_score import tiny_task
 
 __all__ = ["RLHFDataset", "chat_renderer", "collate_fn", "make_tiny_task_dataset"]
-
-_EXTENSIONS = {".parquet": "parquet", ".jsonl": "jsonl"}
-
-
-def _read_records(path: Path) -> list[dict[str, Any]]:
-    kind = _EXTENSIONS.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(
-            f"Cannot read data file {str(path)!r}: unknown extension {path.suffix!r}. "
-            "Accepted: .parquet, .jsonl (one JSON object per line). Convert the file to one of these."
-        )
-    if not path.is_file():
-        raise ValueError(f"Data file {str(path)!r} does not exist. Check data.train_files / data.val_files.")
-    if kind == "parquet":
-        import pandas as pd
-
-        return pd.read_parquet(path).to_dict(orient="records")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                message = f"{path}:{line_number} is not valid JSON ({err}); expected one JSON object per line."
-                raise ValueError(message) from err
-    return records
 
 
 def collate_fn(data_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -110,10 +82,17 @@ class RLHFDataset(torch.utils.data.Dataset):
             (:func:`chat_renderer`); None refuses chat prompts.
         media_keys: columns of verl's multimodal data (``data.image_key``, ``data.video_key``); a row holding
             images or videos there is refused (multimodal training is out of scope here).
+        on_bad_row: what to do with rows that cannot be used (:class:`~verl.utils.dataset.row_checks.RowProblem`:
+            a missing, null or empty prompt or ground truth, a value of the wrong type, text that is not UTF-8, a
+            JSONL line that is not JSON): ``"raise"`` (every one of them listed in one ``ValueError``) or
+            ``"skip"`` (left out, listed in :attr:`bad_rows`).
+
+    Attributes:
+        bad_rows: the rows left out with ``on_bad_row="skip"``, each with its file, row and column.
 
     Raises:
-        ValueError: unknown extension, missing file, missing column, a prompt that is not a string, or a row with
-            images or videos.
+        ValueError: unknown extension, missing file, a row with images or videos, or (``on_bad_row="raise"``) rows
+            that cannot be used.
     """
 
     def __init__(
@@ -130,11 +109,16 @@ class RLHFDataset(torch.utils.data.Dataset):
         default_data_source: str = "unknown",
         render_chat: Callable[[list[dict[str, str]]], str] | None = None,
         media_keys: Sequence[str] = (),
+        on_bad_row: str = "raise",
     ):
         paths = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         if not paths:
             raise ValueError("RLHFDataset needs at least one data file (data.train_files / data.val_files).")
+        if on_bad_row not in ("raise", "skip"):
+            raise ValueError(f"on_bad_row={on_bad_row!r}; accepted: 'raise', 'skip'.")
         self._verl_items = config is not None
+        self._origins: list[tuple[str, int, int | None]] = []  # (file, row, JSONL line) of each row
+        self.bad_rows: list[RowProblem] = []
         if self._verl_items:
             self._rows = _verl_rows(paths, tokenizer, config, processor, max_samples)
             return
@@ -143,18 +127,41 @@ class RLHFDataset(torch.utils.data.Dataset):
         rows: list[dict[str, Any]] = []
         keys = (prompt_key, ground_truth_key, data_source_key, default_data_source)
         for path in paths:
-            for record in _read_records(Path(path)):
-                _refuse_media(record, str(path), media_keys)
-                rows.append(_to_row(record, str(path), *keys, render_chat=render_chat))
+            records, problems = read_records(Path(path))
+            for record in records:
+                _refuse_media(record.values, str(path), media_keys)
+                try:
+                    rows.append(_to_row(record.values, *keys, render_chat=render_chat))
+                except BadRow as bad:
+                    problems.append(record.problem(bad.column, bad.what))
+                    continue
+                self._origins.append((record.file, record.row, record.line))
+            self.bad_rows += sorted(problems, key=lambda problem: problem.row)
+        if self.bad_rows and on_bad_row == "raise":
+            raise ValueError(describe_problems(self.bad_rows, "Fix or remove these rows."))
         self._rows = rows
 
     @classmethod
-    def from_records(cls, records: Sequence[dict[str, str]]) -> RLHFDataset:
-        """A dataset over in-memory rows with keys ``prompt``, ``ground_truth``, ``data_source``."""
+    def from_records(cls, records: Sequence[dict[str, str]], name: str = "records") -> RLHFDataset:
+        """A dataset over in-memory rows with keys ``prompt``, ``ground_truth``, ``data_source`` (``name`` stands
+        for the file in :meth:`origin`).
+
+        Raises:
+            ValueError: a row that cannot be used.
+        """
         dataset = cls.__new__(cls)
         dataset._verl_items = False
-        dataset._rows = [_to_row(r, "records", "prompt", "ground_truth", "data_source", "unknown") for r in records]
+        dataset.bad_rows = []
+        dataset._origins = [(name, row, None) for row in range(len(records))]
+        try:
+            dataset._rows = [_to_row(r, "prompt", "ground_truth", "data_source", "unknown") for r in records]
+        except BadRow as bad:
+            raise ValueError(f"{name}: {bad}") from None
         return dataset
+
+    def origin(self, index: int) -> tuple[str, int, int | None]:
+        """Where row ``index`` comes from: (file, 0-based row in the file, 1-based line of a JSONL file or None)."""
+        return self._origins[index]
 
     def filter(self, keep: Callable[[dict[str, Any]], bool]) -> RLHFDataset:
         """A dataset of the rows for which ``keep(row)`` is true, in order (indices renumbered)."""
@@ -165,6 +172,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         dataset = type(self).__new__(type(self))
         dataset._verl_items = getattr(self, "_verl_items", False)
         dataset._rows = [self._rows[index] for index in indices]
+        dataset._origins = [self._origins[index] for index in indices] if self._origins else []
+        dataset.bad_rows = list(self.bad_rows)
         return dataset
 
     def __len__(self) -> int:
@@ -202,11 +211,15 @@ def _verl_rows(paths: Sequence[str | Path], tokenizer: Any, config: Any, process
     media_keys = (_config_value(config, "image_key", "images"), _config_value(config, "video_key", "videos"))
     rows = []
     for path in paths:
-        for record in _read_records(Path(path)):
-            _refuse_media(record, str(path), media_keys)
-            if prompt_key not in record:
-                raise ValueError(f"{path}: no column {prompt_key!r} (found {sorted(record)}); set data.prompt_key.")
-            rows.append(dict(record))
+        records, problems = read_records(Path(path))
+        if problems:
+            raise ValueError(describe_problems(problems, "Fix or remove these rows."))
+        for record in records:
+            _refuse_media(record.values, str(path), media_keys)
+            if prompt_key not in record.values:
+                found = sorted(record.values)
+                raise ValueError(f"{path}: no column {prompt_key!r} (found {found}); set data.prompt_key.")
+            rows.append(dict(record.values))
     if 0 < max_samples < len(rows):
         if _config_value(config, "shuffle", False):
             seed = config.get("seed") if hasattr(config, "get") else None
@@ -260,7 +273,7 @@ def _refuse_media(record: dict[str, Any], where: str, media_keys: Sequence[str])
     """A row with images or videos in a multimodal column is refused: multimodal training is out of scope."""
     for key in media_keys:
         value = record.get(key)
-        if value is None or (isinstance(value, float) and np.isnan(value)):
+        if is_null(value):
             continue
         if len(value) if hasattr(value, "__len__") else True:
             raise ValueError(
@@ -284,35 +297,36 @@ def chat_renderer(tokenizer, template_kwargs: dict[str, Any] | None = None) -> C
 
 
 def _to_row(
-    record, where, prompt_key, ground_truth_key, data_source_key, default_data_source, render_chat=None
+    record, prompt_key, ground_truth_key, data_source_key, default_data_source, render_chat=None
 ) -> dict[str, Any]:
+    """A record as a dataset row.
+
+    Raises:
+        BadRow: a missing, null or empty prompt or ground truth, or a prompt that is neither a string nor a chat.
+        ValueError: a chat prompt with no ``render_chat`` (the caller's to give).
+    """
     if prompt_key not in record:
-        raise ValueError(
-            f"{where}: missing column {prompt_key!r} (found {sorted(record)}). "
-            f"Every row needs a {prompt_key!r} string or chat; rename your column or set data.prompt_key."
+        raise BadRow(
+            None,
+            f"missing column {prompt_key!r} (found {sorted(record)}). Every row needs a {prompt_key!r} string or "
+            "chat; rename your column or set data.prompt_key.",
         )
-    prompt = record[prompt_key]
-    chat = _as_chat(prompt)
-    if chat is not None:
-        if render_chat is None:
-            raise ValueError(f"{where}: column {prompt_key!r} holds chats, but no chat renderer was given.")
-        prompt = render_chat(chat)
-    if not isinstance(prompt, str):
-        raise ValueError(
-            f"{where}: column {prompt_key!r} must hold strings or chats (lists of {{role, content}} messages), "
-            f"got {type(prompt).__name__}."
-        )
+    prompt, chat = _prompt_text(record[prompt_key], prompt_key, render_chat)
     if ground_truth_key in record:
-        ground_truth = record[ground_truth_key]
+        column, ground_truth = ground_truth_key, record[ground_truth_key]
     elif isinstance(record.get("reward_model"), dict) and "ground_truth" in record["reward_model"]:
-        ground_truth = record["reward_model"]["ground_truth"]
+        column, ground_truth = "reward_model.ground_truth", record["reward_model"]["ground_truth"]
     else:
-        raise ValueError(
-            f"{where}: missing column {ground_truth_key!r} (found {sorted(record)}). Every row needs the "
-            "reference answer the reward scorer compares against."
+        raise BadRow(
+            None,
+            f"missing column {ground_truth_key!r} (found {sorted(record)}). Every row needs the reference answer "
+            "the reward scorer compares against.",
         )
+    if is_null(ground_truth):
+        # str() would make it the answer "None" (or "nan"), which the scorer would then reward
+        raise BadRow(column, "the ground truth is null; every row needs the answer the reward scorer compares against")
     data_source = record.get(data_source_key)
-    if data_source is None or (isinstance(data_source, float) and np.isnan(data_source)):
+    if is_null(data_source):
         data_source = default_data_source
     return {
         "raw_prompt": prompt,
@@ -321,6 +335,39 @@ def _to_row(
         "raw_chat": chat,
         "extra_info": record.get("extra_info"),
     }
+
+
+def _prompt_text(prompt: Any, prompt_key: str, render_chat) -> tuple[str, list[dict[str, str]] | None]:
+    """The prompt of a row as text (a chat rendered), and the chat (None for a string prompt).
+
+    Raises:
+        BadRow: a null or empty prompt, or one that is neither a string nor a chat.
+    """
+    if is_null(prompt):
+        raise BadRow(prompt_key, "the prompt is null")
+    chat = _as_chat(prompt)
+    if chat is not None:
+        if render_chat is None:
+            raise ValueError(f"column {prompt_key!r} holds chats, but no chat renderer was given.")
+        if not any(message["content"].strip() for message in chat):
+            raise BadRow(prompt_key, "the prompt is empty (every message of the chat has empty content)")
+        return render_chat(chat), chat
+    if isinstance(prompt, (list, np.ndarray)) and len(prompt) == 0:
+        raise BadRow(prompt_key, "the prompt is empty (a chat without messages)")
+    if not isinstance(prompt, str):
+        raise BadRow(
+            prompt_key,
+            f"must hold strings or chats (lists of {{role, content}} messages), got {type(prompt).__name__}: "
+            f"{_short(prompt)}",
+        )
+    if not prompt.strip():
+        raise BadRow(prompt_key, f"the prompt is empty ({prompt!r})")
+    return prompt, None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value.tolist() if isinstance(value, np.ndarray) else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_tiny_task_dataset(num_examples: int, seed: int = 0) -> RLHFDataset:
@@ -340,4 +387,4 @@ def make_tiny_task_dataset(num_examples: int, seed: int = 0) -> RLHFDataset:
     for _ in range(num_examples):
         prompt, answer = tiny_task.make_example(rng)
         records.append({"prompt": prompt, "ground_truth": answer, "data_source": tiny_task.DATA_SOURCE})
-    return RLHFDataset.from_records(records)
+    return RLHFDataset.from_records(records, name="the embedded task")

@@ -26,9 +26,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from verl.protocol import DataProto
-from verl.utils.checkpoint import TRAIN_STATE_FILE, WEIGHTS_FILE, load_state, load_weights, save_state, save_weights
+from verl.utils.activation_offload import ActivationOffload
+from verl.utils.checkpoint import (
+    TRAIN_STATE_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    load_state,
+    load_weights,
+    save_state,
+    save_weights,
+)
 from verl.utils.micro_batching import LockstepGroup, split_by_length
 from verl.workers.actor.fault_injection import FaultInjector
+from verl.workers.config.roles import TRAINING_STATE_PARTS
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -104,6 +114,10 @@ class CheckpointContents:
         load_training_state: restores a training state read back.
         hf_model: ``checkpoint.save_contents`` asks for a ``huggingface/`` export.
         peft_model: the ``peft.PeftModel`` of a LoRA run (its adapter directory is written too), else None.
+        saved_parts: the parts of the training state a save writes (``checkpoint.save_contents`` of
+            ``optimizer``, ``extra``); ``training_state`` already leaves the others out, and a backend that keeps
+            optimizer state in files of its own writes them only with ``optimizer``.
+        loaded_parts: the same for a load (``checkpoint.load_contents``).
     """
 
     module: torch.nn.Module
@@ -111,6 +125,32 @@ class CheckpointContents:
     load_training_state: Callable[[dict[str, Any]], None]
     hf_model: bool = False
     peft_model: Any = None
+    saved_parts: tuple[str, ...] = TRAINING_STATE_PARTS
+    loaded_parts: tuple[str, ...] = TRAINING_STATE_PARTS
+
+
+#: The key of a saved training state that lists the parts of it the checkpoint holds (of ``TRAINING_STATE_PARTS``).
+PARTS_KEY = "training_state_parts"
+
+
+def check_checkpoint_parts(directory: str | os.PathLike, parts: tuple[str, ...], section_key: str) -> None:
+    """The checkpoint in ``directory`` holds the parts of the training state a resume is to read (``parts``): its
+    ``train_state.pt`` lists those it was written with (one written before the list existed holds them all).
+
+    Raises:
+        CheckpointError: a part is missing; the message names it and the setting that resumes without it.
+    """
+    path = Path(directory) / TRAIN_STATE_FILE
+    held = tuple(load_state(path, mmap=True).get(PARTS_KEY, TRAINING_STATE_PARTS))
+    missing = [part for part in parts if part not in held]
+    if missing:
+        raise CheckpointError(
+            path,
+            f"holds no {' and no '.join(missing)} state: the run that wrote it saved {['model', *held]} "
+            f"(checkpoint.save_contents), and {section_key}.checkpoint.load_contents asks for {missing}. To resume "
+            f"from it with {' and '.join(missing)} fresh, leave {missing} out of {section_key}.checkpoint."
+            "load_contents",
+        )
 
 
 class TrainingBackend(ABC):
@@ -191,16 +231,20 @@ def parameter_device_type(module: torch.nn.Module) -> str:
 
 
 def accumulate_micro_batches(
-    parts: BackendParts, batch: MiniBatchLoss, lockstep: LockstepGroup | None
+    parts: BackendParts,
+    batch: MiniBatchLoss,
+    lockstep: LockstepGroup | None,
+    forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> list[dict[str, float]]:
     """Plain gradient accumulation: each micro-batch's loss, weighted by its share of the mini-batch, backward in
-    turn."""
+    turn; each forward pass inside a fresh ``forward_context()`` (the backward pass runs after it exits)."""
     parts.optimizer.zero_grad()
     all_metrics = []
     # similar lengths: little padding each
     micro_batches, _ = split_by_length(batch.mini, parts.micro_batching, lockstep)
     for micro in micro_batches:
-        loss, metrics = batch.loss(micro)
+        with forward_context():
+            loss, metrics = batch.loss(micro)
         batch.note_loss(loss)
         parts.optimizer.backward(loss * batch.weight(micro))
         all_metrics.append(metrics)
@@ -323,18 +367,22 @@ class FSDPBackend(TrainingBackend):
 
     Differs from ``dp`` in two places: autocast runs on the mesh's device (the parameters sit in CPU memory under
     offload), and checkpoints are sharded (:mod:`verl.utils.fsdp_checkpoint`), their save and load collective.
+    With ``offload_activations`` each training forward pass keeps what it saves for the backward pass in CPU memory
+    (verl's ``enable_activation_offload``, :class:`~verl.utils.activation_offload.ActivationOffload`).
 
     Args:
         mesh: the data-parallel mesh the module is sharded over.
         hf_export: also write a Hugging Face directory with each checkpoint (a ``transformers`` model).
+        offload_activations: move the training forward's saved activations to CPU memory.
     """
 
     name = "fsdp2"
     fire_drill_target = FireDrillTarget.GRADIENTS
 
-    def __init__(self, mesh: DeviceMesh, *, hf_export: bool = False):
+    def __init__(self, mesh: DeviceMesh, *, hf_export: bool = False, offload_activations: bool = False):
         self.mesh = mesh
         self.hf_export = hf_export
+        self.offload_activations = offload_activations
 
     def autocast(self):
         return autocast_on(self.mesh.device_type, attached(self).dtype)
@@ -349,7 +397,12 @@ class FSDPBackend(TrainingBackend):
         return False  # each rank of the mesh takes rows of its own
 
     def backward_mini_batch(self, batch):
-        return accumulate_micro_batches(attached(self), batch, self.lockstep())
+        return accumulate_micro_batches(attached(self), batch, self.lockstep(), self._forward_context)
+
+    def _forward_context(self) -> contextlib.AbstractContextManager:
+        if not self.offload_activations:
+            return contextlib.nullcontext()
+        return ActivationOffload(self.mesh.device_type)
 
     def step(self):
         return attached(self).optimizer.step()
@@ -369,7 +422,8 @@ class FSDPBackend(TrainingBackend):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_sharded(directory / SHARDED_DIR, contents.module, self._torch_optimizer(), self.mesh.get_group())
+        optimizer = self._torch_optimizer() if "optimizer" in contents.saved_parts else None
+        save_sharded(directory / SHARDED_DIR, contents.module, optimizer, self.mesh.get_group())
         weights = full_state_dict(contents.module)  # collective; only rank 0 receives the tensors
         if self.mesh.get_local_rank() != 0:
             return
@@ -394,7 +448,8 @@ class FSDPBackend(TrainingBackend):
                 "is missing: this checkpoint was not written by the fsdp2 backend (dp and megatron write whole "
                 "weights only), so its optimizer state cannot be resharded. Resume with the strategy that wrote it",
             )
-        load_sharded(sharded, contents.module, self._torch_optimizer(), self.mesh.get_group())
+        optimizer = self._torch_optimizer() if "optimizer" in contents.loaded_parts else None
+        load_sharded(sharded, contents.module, optimizer, self.mesh.get_group())
         optimizer = attached(self).optimizer
         if optimizer is not None and optimizer.offload_state:
             optimizer.move_state(torch.device("cpu"))

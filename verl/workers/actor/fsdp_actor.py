@@ -61,6 +61,10 @@ class FSDPPPOActor(DataParallelPPOActor):
         use_remove_padding: run forward passes on the packed real tokens (``model.use_remove_padding``; see
             :mod:`verl.utils.padding_free`). Each rank packs its own rows; the collectives do not depend on the
             packed length, so ranks may pack to different lengths.
+        offload_activations: keep what each update's forward pass saves for its backward pass in CPU memory
+            (``model.enable_activation_offload``; :class:`~verl.workers.actor.backend.FSDPBackend`).
+        compile_entropy: compute the entropy with ``torch.compile`` (verl's ``fsdp_config.use_torch_compile``:
+            :func:`~verl.utils.torch_functional.compiled_entropy`) where the logits path computes one.
         **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see :func:`build_loop_parts`).
     """
 
@@ -75,10 +79,15 @@ class FSDPPPOActor(DataParallelPPOActor):
         *,
         mesh: DeviceMesh,
         use_remove_padding: bool = False,
+        offload_activations: bool = False,
+        compile_entropy: bool = False,
         **loop_parts,
     ):
         # a Hugging Face model also gets a Hugging Face export with each checkpoint
-        backend = FSDPBackend(mesh, hf_export=isinstance(actor_module, PreTrainedModel))
+        backend = FSDPBackend(
+            mesh, hf_export=isinstance(actor_module, PreTrainedModel), offload_activations=offload_activations
+        )
+        self.compile_entropy = compile_entropy
         if config.use_fused_kernels:
             # the fused head's backward reads the gathered output projection, outside the root's own outputs whose
             # backward hook would gather it again: keep the root's parameters gathered from forward to backward (what
@@ -93,6 +102,9 @@ class FSDPPPOActor(DataParallelPPOActor):
             backend=backend,
             **loop_parts,
         )
+
+    def _entropy_options(self) -> dict[str, bool]:
+        return {**super()._entropy_options(), "entropy_compiled": self.compile_entropy}
 
     def incremental_decoder(self) -> IncrementalDecoder:
         """On one rank the shards are the whole weights: the rollout decodes on a plain copy of the model that
@@ -184,8 +196,19 @@ def model_precision(config, fsdp_config, *, trainable: bool, key: str) -> FSDPPr
     return fsdp_precision(config.dtype, fsdp_config, trainable=trainable, key=key, dtype_key=f"{config.KEY}.dtype")
 
 
-def _warn_if_gathers_are_coarser(precision: FSDPPrecision, key: str) -> None:
-    """Warn when the weights are gathered in bf16 for an fp16 forward (a mismatch with an fp16 rollout engine)."""
+def _warn_if_coarser_than_compute(precision: FSDPPrecision, key: str, trainable: bool) -> None:
+    """Warn when a trained model keeps bf16 master weights under another compute dtype (updates rounded to bf16), and
+    when the weights are gathered in bf16 for an fp16 forward (a mismatch with an fp16 rollout engine)."""
+    if trainable and precision.master_coarser_than_compute:
+        logger.warning(
+            "%s.model_dtype=bf16 with %s compute: the master weights and AdamW's moments are bf16, so updates smaller "
+            "than bf16's resolution (about 0.4%% of a weight) are rounded away, as in verl; the forward and backward "
+            "compute in %s%s. model_dtype=fp32 keeps full-precision master weights",
+            key,
+            precision.compute,
+            precision.compute,
+            " with the dynamic loss scale" if precision.compute == "float16" else "",
+        )
     if precision.gathers_coarser_than_compute:
         logger.warning(
             "%s.mixed_precision.param_dtype=bf16 with dtype=float16: the weights are rounded to bf16 before each fp16 "
@@ -219,7 +242,7 @@ def shard_for_training(module, config, fsdp_config, *, mesh, total_training_step
     """
     precision = model_precision(config, fsdp_config, trainable=trainable, key=key)
     dtype = TORCH_DTYPES[precision.compute]
-    _warn_if_gathers_are_coarser(precision, key)
+    _warn_if_coarser_than_compute(precision, key, trainable)
     # the loaders already load in model_dtype (no fp32 copy of a large model first); a module handed in is cast here
     cast_floating_parameters(module, TORCH_DTYPES[precision.model])
     cast_floating_buffers(module, TORCH_DTYPES[precision.buffer])
@@ -261,6 +284,7 @@ def build_fsdp_actor(
     fsdp_config: Any = None,
     enable_gradient_checkpointing: bool = False,
     use_remove_padding: bool = False,
+    enable_activation_offload: bool = False,
     rank: int = 0,
 ) -> FSDPPPOActor:
     """Shard ``module`` (on the CPU or the mesh device) with FSDP2 and build the actor around it.
@@ -276,7 +300,10 @@ def build_fsdp_actor(
             ``config.fsdp_config``; the reference passes ``actor_rollout_ref.ref.fsdp_config``).
         enable_gradient_checkpointing: recompute activations in the backward pass (trainable models only).
         use_remove_padding: padding-free forward passes (``actor_rollout_ref.model.use_remove_padding``).
+        enable_activation_offload: keep the update's saved activations in CPU memory (trainable models only).
         rank: data-parallel rank.
+
+    The entropy is computed with ``torch.compile`` when ``fsdp_config.use_torch_compile`` says so.
     """
     fsdp_config = config.fsdp_config if fsdp_config is None else fsdp_config
     if not trainable:
@@ -293,8 +320,11 @@ def build_fsdp_actor(
         key=f"{ActorConfig.KEY}.fsdp_config" if trainable else "actor_rollout_ref.ref.fsdp_config",
         trainable=trainable,
     )
+    compile_entropy = fsdp_config.use_torch_compile
     if not trainable:
-        return FSDPPPOActor(config, module, mesh=mesh, use_remove_padding=use_remove_padding, rank=rank)
+        return FSDPPPOActor(
+            config, module, mesh=mesh, use_remove_padding=use_remove_padding, compile_entropy=compile_entropy, rank=rank
+        )
     return FSDPPPOActor(
         config,
         module,
@@ -302,5 +332,7 @@ def build_fsdp_actor(
         scheduler,
         mesh=mesh,
         use_remove_padding=use_remove_padding,
+        offload_activations=enable_activation_offload,
+        compile_entropy=compile_entropy,
         **build_loop_parts(config, rank=rank),
     )

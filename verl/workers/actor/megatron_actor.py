@@ -11,6 +11,11 @@ Two paths, chosen by the device (the worker logs which):
 
 Either way a failed update goes to the handler from ``update_failure_policy``, never to a ``NotImplementedError``.
 
+``actor.use_torch_compile`` compiles what verl compiles on megatron: the entropy of the logits (verl's megatron
+engine compiles the reduction inside its vocabulary-parallel entropy), not megatron-core's forward, whose fused
+layers and schedules are its own. With ``model.use_fused_kernels`` the output layer computes the entropy instead and
+nothing is compiled.
+
 What the paths change in the loop (schedule, autocast, fire drill, step, loss scale) is all in their backends
 (:mod:`verl.workers.actor.megatron_backend`: megatron-core's schedule, the adapter over pipeline stages, the plain
 adapter), chosen once when the actor is built; this class adds the GPTModel's forward pass and decoder.
@@ -24,6 +29,7 @@ at a time (megatron-core's own schedule does that on the GPU path).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -36,6 +42,8 @@ from verl.models.mcore.pipeline import PipelineStage, broadcast_from_last_stage,
 from verl.workers.actor.base import BasePPOActor
 from verl.workers.actor.megatron_backend import megatron_backend
 from verl.workers.config import ActorConfig
+
+logger = logging.getLogger(__name__)
 
 
 class MegatronPPOActor(BasePPOActor):
@@ -89,9 +97,17 @@ class MegatronPPOActor(BasePPOActor):
         super().__init__(config, optimizer, lr_scheduler, backend=backend, **loop_parts)
         if config.use_fused_kernels and (self.stage is None or self.stage.is_last):
             use_fused_head(model)
+        if config.use_torch_compile:
+            logger.info(
+                "megatron actor: use_torch_compile compiles the entropy of the logits%s",
+                " (unused: use_fused_kernels computes it in the output layer)" if config.use_fused_kernels else "",
+            )
 
     def model_module(self) -> torch.nn.Module:
         return self.backend.module()
+
+    def _entropy_options(self) -> dict[str, bool]:
+        return {**super()._entropy_options(), "entropy_compiled": self.config.use_torch_compile}
 
     def forward_logits(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         return forward_logits(self.model, input_ids, attention_mask, position_ids)

@@ -122,10 +122,12 @@ def save_megatron_checkpoint(
     )
 
     split = split_over_ranks(model)
-    if not save_distributed_optimizer_state(distributed_optimizer, directory, split=split):
-        return  # a data-parallel rank other than 0: its share is written
+    with_state = "optimizer" in contents.saved_parts  # checkpoint.save_contents: the optimizer's state or not
+    if not save_distributed_optimizer_state(distributed_optimizer, directory, split=split, with_state=with_state):
+        return  # a data-parallel rank other than 0: its share is written, or none is asked for
     if split:
-        save_tensor_parallel_checkpoint(contents.training_state, inner_module(model), directory, hf_config)
+        export_config = hf_config if contents.hf_model else None
+        save_tensor_parallel_checkpoint(contents.training_state, inner_module(model), directory, export_config)
         return
 
     def export_whole(directory, contents, weights):
@@ -148,7 +150,8 @@ def load_megatron_checkpoint(
         load_tensor_parallel_checkpoint(contents.load_training_state, inner_module(model), directory)
     else:
         load_whole_checkpoint(directory, contents)
-    load_distributed_optimizer_state(distributed_optimizer, directory, split=split)
+    if "optimizer" in contents.loaded_parts:  # checkpoint.load_contents: else the optimizer starts fresh
+        load_distributed_optimizer_state(distributed_optimizer, directory, split=split)
 
 
 # ---------------------------------------------------------------------- the backends

@@ -8,9 +8,9 @@ Layout of a checkpoint directory written with tensor-parallel size ``n`` (and ``
   own names and its training state (its optimizer moments belong to its shards; the loss scale, the LR schedule
   and the update-outcome handler are the same on every rank, as every rank takes the same decisions);
 - ``model.safetensors`` and ``train_state.pt``: the whole weights under megatron names, gathered over the
-  tensor-parallel group and the stages (what a whole model writes), with rank 0's training state; and, when the
-  Hugging Face config is known, ``huggingface/`` (:func:`export_huggingface_weights`). A whole model writes that
-  export when ``checkpoint.save_contents`` holds ``hf_model``.
+  tensor-parallel group and the stages (what a whole model writes), with rank 0's training state; and, when
+  ``checkpoint.save_contents`` holds ``hf_model``, ``huggingface/`` (:func:`export_huggingface_weights`), as a
+  whole model writes it.
 
 Only the ranks of data-parallel rank 0 write (the other data-parallel ranks hold the same shards); saving is a
 collective of their model-parallel group, because the gathering is; loading reads each rank's own shards.
@@ -164,13 +164,18 @@ def _distributed_optimizer_file(directory: str | os.PathLike, split: bool) -> Pa
     return shard_directory(directory, tp_rank, stage) / DISTRIBUTED_OPTIMIZER_FILE
 
 
-def save_distributed_optimizer_state(optimizer: Any, directory: str | os.PathLike, *, split: bool) -> bool:
+def save_distributed_optimizer_state(
+    optimizer: Any, directory: str | os.PathLike, *, split: bool, with_state: bool = True
+) -> bool:
     """With a distributed optimizer (``optimizer``, from :func:`distributed_optimizer`; None without one), gather
     its fp32 main weights and moments over the data-parallel group and write them on its rank 0 (a collective:
-    every data-parallel rank calls it). Returns whether this rank writes the rest
-    of the checkpoint (data-parallel rank 0, or every rank without a distributed optimizer)."""
+    every data-parallel rank calls it); nothing is gathered or written without ``with_state`` (a checkpoint without
+    the optimizer's state). Returns whether this rank writes the rest of the checkpoint (data-parallel rank 0, or
+    every rank without a distributed optimizer)."""
     if optimizer is None:
         return True
+    if not with_state:
+        return _ranks()[2] == 0
     state = optimizer.get_parameter_state_dp_zero()  # None on the other data-parallel ranks
     if _ranks()[2] != 0:
         return False

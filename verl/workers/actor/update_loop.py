@@ -30,18 +30,27 @@ import torch.distributed as dist
 from verl.algorithms.core_algos import loss_share
 from verl.protocol import DataProto
 from verl.utils.metrics import StepMetrics
+from verl.utils.profiler import mini_batch as profiled_mini_batch
 from verl.workers.actor.backend import (
+    PARTS_KEY,
     BackendParts,
     CheckpointContents,
     FireDrillTarget,
     MiniBatchLoss,
     TrainingBackend,
+    check_checkpoint_parts,
 )
 from verl.workers.actor.fault_injection import FaultInjector
 from verl.workers.config import TrainedModelConfig
+from verl.workers.config.roles import TRAINING_STATE_PARTS
 from verl.workers.update_outcome import FailureCause, UpdateOutcome, UpdateOutcomeHandler, UpdateResult
 
 logger = logging.getLogger(__name__)
+# what a resume without a part of the training state (checkpoint.load_contents) starts from
+_FRESH = {
+    "optimizer": "new optimizer moments and loss scale",
+    "extra": "the LR schedule and the update counters from step 0",
+}
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -310,15 +319,18 @@ class UpdateLoop(ABC):
             )
         seed = self.config.seed + self.num_update_steps if self.config.shuffle else None
         outcomes = []
-        for mini in data.make_iterator(self.mini_batch_size, self.config.ppo_epochs, seed=seed):
-            self.current_mini_batch = mini  # what a role's loss may weigh its terms against (see the actor's)
-            try:
-                for micro_metrics in self._backward_mini_batch(mini, temperature):
-                    metrics.add(micro_metrics)
-            finally:
-                self.current_mini_batch = None
-            outcomes.append(self._optimizer_step())
-            self._handle(outcomes[-1], metrics)
+        minis = data.make_iterator(self.mini_batch_size, self.config.ppo_epochs, seed=seed)
+        for index, mini in enumerate(minis, start=1):
+            # the profiler's range of this mini-batch, and a step of its schedule (nothing while none is open)
+            with profiled_mini_batch(index):
+                self.current_mini_batch = mini  # what a role's loss may weigh its terms against (see the actor's)
+                try:
+                    for micro_metrics in self._backward_mini_batch(mini, temperature):
+                        metrics.add(micro_metrics)
+                finally:
+                    self.current_mini_batch = None
+                outcomes.append(self._optimizer_step())
+                self._handle(outcomes[-1], metrics)
         if any(outcome.successful for outcome in outcomes) and self.lr_scheduler is not None:
             self.lr_scheduler.step()  # a step in which no update succeeded does not advance the schedule
         return self._result(outcomes, metrics)
@@ -354,18 +366,27 @@ class UpdateLoop(ABC):
 
     # ------------------------------------------------------------------ checkpoint state
 
-    def training_state_dict(self) -> dict[str, Any]:
-        """Everything but the weights: optimizer (with loss scaler), LR schedule, handler, step counter."""
+    def training_state_dict(self, parts: tuple[str, ...] = TRAINING_STATE_PARTS) -> dict[str, Any]:
+        """Everything but the weights, as far as ``parts`` asks (``checkpoint.save_contents``): ``optimizer`` (its
+        state, with the loss scaler), ``extra`` (LR schedule, handler, step counters); a part left out is None.
+        ``training_state_parts`` lists the parts it holds."""
+        optimizer, extra = "optimizer" in parts, "extra" in parts
         return {
-            "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
-            "update_outcome_handler": self.update_outcome_handler.state_dict(),
-            "num_update_steps": self.num_update_steps,
-            "num_failed_updates": self.num_failed_updates,
+            PARTS_KEY: [part for part in TRAINING_STATE_PARTS if part in parts],
+            "optimizer": self.optimizer.state_dict() if optimizer else None,
+            "lr_scheduler": None if self.lr_scheduler is None or not extra else self.lr_scheduler.state_dict(),
+            "update_outcome_handler": self.update_outcome_handler.state_dict() if extra else None,
+            "num_update_steps": self.num_update_steps if extra else None,
+            "num_failed_updates": self.num_failed_updates if extra else None,
         }
 
-    def load_training_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_training_state_dict(self, state: dict[str, Any], parts: tuple[str, ...] = TRAINING_STATE_PARTS) -> None:
+        """Restore the ``parts`` of :meth:`training_state_dict` (``checkpoint.load_contents``; the checkpoint holds
+        them, :func:`~verl.workers.actor.backend.check_checkpoint_parts`); the others stay as built (fresh)."""
+        if "optimizer" in parts:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if "extra" not in parts:
+            return
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.update_outcome_handler.load_state_dict(state["update_outcome_handler"])
@@ -379,25 +400,49 @@ class UpdateLoop(ABC):
             self.num_failed_updates = int(handler_state.get("num_total_failures", 0))
 
     def save_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Weights and training state into ``directory``, as the backend writes them (see its ``save_checkpoint``).
+        """Weights and training state into ``directory``, as the backend writes them (see its ``save_checkpoint``);
+        the training state's parts as ``checkpoint.save_contents`` names them.
 
         The caller makes the directory atomic (see :func:`verl.utils.checkpoint.atomic_directory`).
         """
         self.backend.save_checkpoint(directory, self._checkpoint_contents())
 
     def load_checkpoint(self, directory: str | os.PathLike) -> None:
-        """Restore what :meth:`save_checkpoint` wrote: weights, optimizer, loss scaler, LR schedule, handler."""
-        self.backend.load_checkpoint(directory, self._checkpoint_contents())
+        """Restore what :meth:`save_checkpoint` wrote: weights, and of optimizer (with the loss scaler) and extra
+        (LR schedule, handler, counters) those ``checkpoint.load_contents`` names; the others start fresh.
+
+        Raises:
+            CheckpointError: the checkpoint lacks a part ``checkpoint.load_contents`` asks for (checked before
+                anything is loaded), or a file is missing or damaged.
+        """
+        contents = self._checkpoint_contents()
+        section_key = getattr(type(self.config), "KEY", self.role)
+        check_checkpoint_parts(directory, contents.loaded_parts, section_key)
+        fresh = [part for part in TRAINING_STATE_PARTS if part not in contents.loaded_parts]
+        if fresh:
+            logger.warning(
+                "%s: resuming from %s without %s (%s.checkpoint.load_contents): %s; the resume is not exact",
+                self.role,
+                directory,
+                fresh,
+                section_key,
+                "; ".join(_FRESH[part] for part in fresh),
+            )
+        self.backend.load_checkpoint(directory, contents)
 
     def _checkpoint_contents(self) -> CheckpointContents:
         """What the backend writes beside its own files, and how the training state is restored."""
         checkpoint = getattr(self.config, "checkpoint", None)  # a section only some roles have
+        saved = TRAINING_STATE_PARTS if checkpoint is None else checkpoint.saved_parts
+        loaded = TRAINING_STATE_PARTS if checkpoint is None else checkpoint.loaded_parts
         return CheckpointContents(
             module=self.model_module(),
-            training_state=self.training_state_dict,
-            load_training_state=self.load_training_state_dict,
+            training_state=lambda: self.training_state_dict(saved),
+            load_training_state=lambda state: self.load_training_state_dict(state, loaded),
             hf_model=bool(checkpoint is not None and checkpoint.hf_model),
             peft_model=self.peft_model,
+            saved_parts=saved,
+            loaded_parts=loaded,
         )
 
 

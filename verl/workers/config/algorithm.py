@@ -43,7 +43,8 @@ class RolloutCorrectionConfig(BaseConfig):
     KEY: ClassVar[str] = "algorithm.rollout_correction"
 
     rollout_is: Literal["token", "sequence"] | None
-    rollout_is_threshold: float | str
+    # null: no importance weights (verl computes them only with a threshold); then rollout_is must be null too
+    rollout_is_threshold: float | str | None
     rollout_is_batch_normalize: bool
     rollout_rs: str | None
     rollout_rs_threshold: float | str | None
@@ -70,10 +71,19 @@ class RolloutCorrectionConfig(BaseConfig):
             parse_rs_thresholds,
         )
 
-        try:
-            parse_is_threshold(self.rollout_is_threshold)
-        except (TypeError, ValueError) as err:
-            raise FieldError("rollout_is_threshold", f"={self.rollout_is_threshold!r}: {err}") from None
+        if self.rollout_is_threshold is None:
+            if self.rollout_is is not None:
+                raise FieldError(
+                    "rollout_is_threshold",
+                    f"=null with rollout_is={self.rollout_is}: verl computes no importance weights without a "
+                    "threshold, so the weights rollout_is asks for would silently not apply. Give a threshold (e.g. "
+                    "2.0, or '0.5_5.0' for IcePop), or set algorithm.rollout_correction.rollout_is=null.",
+                )
+        else:
+            try:
+                parse_is_threshold(self.rollout_is_threshold)
+            except (TypeError, ValueError) as err:
+                raise FieldError("rollout_is_threshold", f"={self.rollout_is_threshold!r}: {err}") from None
         if self.rollout_rs is not None:
             try:
                 options = parse_rs_options(self.rollout_rs)

@@ -1,76 +1,23 @@
 """Sections that exist so that verl's own scripts start here: verl's keys with verl's meaning, or refused by name.
 
-verl's scripts set profiler switches, a custom dataset class, PF-PPO and the like. Each such section is typed here;
-its off value (verl's default) is always accepted, and a value that asks for a feature this project does not have
-(a profiler, a custom dataset class, images) is refused at start-up with the feature's name and the reason, never
-as an unknown key. ``docs/start/from_verl.md`` lists them.
+verl's scripts set a custom dataset class, PF-PPO and the like. Each such section is typed here; its off value
+(verl's default) is always accepted, and a value that asks for a feature this project does not have (a custom
+dataset class, images) is refused at start-up with the feature's name and the reason, never as an unknown key.
+``docs/start/from_verl.md`` lists them. verl's profiler sections are :mod:`verl.workers.config.profiler`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
+import re
+from typing import Any, Literal
 
 from verl.workers.config.schema import BaseConfig, FieldError, check_int, check_number
 
-# verl's profiler tools built here (verl.utils.profiler), and the one that is not.
-PROFILER_TOOLS = ("torch", "nsys", "torch_memory")
-NPU_REASON = "Ascend NPU profiling (NPU hardware is out of scope here)"
 ULYSSES_REASON = (
     "Ulysses sequence parallelism (one sequence split over several ranks) is not implemented here; every rank "
     "holds whole sequences"
 )
-
-
-def _check_tool(section: Any) -> None:
-    if section.tool == "npu":
-        raise FieldError("tool", f"='npu' asks for {NPU_REASON}. Use torch or nsys.")
-    if section.tool is not None and section.tool not in PROFILER_TOOLS:
-        raise FieldError(
-            "tool", f"={section.tool!r} is not a profiler here; take one of {list(PROFILER_TOOLS)} or null."
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class ProfilerConfig(BaseConfig):
-    """A role's ``profiler`` section (verl's ``ProfilerConfig``), read by :class:`verl.utils.profiler.RoleProfiler`.
-
-    ``tool`` null takes ``global_profiler.tool``; ``tool_config`` holds verl's per-tool settings (``nsys``,
-    ``torch``, ``torch_memory``; ``npu`` is read by nothing here).
-    """
-
-    tool: str | None
-    enable: bool
-    all_ranks: bool
-    ranks: list[int]
-    save_path: str | None
-    tool_config: Any
-
-    def check(self) -> None:
-        _check_tool(self)
-        for rank in self.ranks or ():
-            if not isinstance(rank, int) or rank < 0:
-                raise FieldError("ranks", f"={list(self.ranks)!r} must list ranks (integers >= 0).")
-
-
-@dataclasses.dataclass(frozen=True)
-class GlobalProfilerConfig(BaseConfig):
-    """``global_profiler``: the tool and the (1-based) steps the driver profiles (:mod:`verl.utils.profiler`)."""
-
-    KEY: ClassVar[str] = "global_profiler"
-
-    tool: str | None
-    steps: list[int] | None
-    profile_continuous_steps: bool
-    save_path: str
-    global_tool_config: Any
-
-    def check(self) -> None:
-        _check_tool(self)
-        if self.tool is None:
-            return
-        if not self.steps or not all(isinstance(step, int) and step >= 1 for step in self.steps):
-            raise FieldError("steps", f"={self.steps!r}: list the training steps to profile (1-based), e.g. [1, 2, 5].")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,3 +105,42 @@ def open_mapping_override(override: str) -> str:
         if any(tuple(parts[i : i + width]) == mapping for i in range(len(parts) - width)):
             return "++" + override
     return override
+
+
+def command_line_override(override: str, config_name: str = "ppo_trainer") -> str:
+    """A command-line override as Hydra is to read it: verl's scripts' spellings that Hydra would refuse here.
+
+    - ``+key=value`` on a dotted key that verl's YAML does not define (in its config ``config_name``:
+      :func:`~verl.workers.config.verl_keys.defined_in_verl`) becomes ``++key=value`` (add or set). verl's scripts
+      add with ``+`` the keys verl's YAML leaves out (``+actor_rollout_ref.rollout.moe_tensor_parallel_size=2``);
+      where this package's YAML holds such a key with its documented default, Hydra's ``+`` would refuse it ("An
+      item is already at ..."), while for a key the YAML lacks ``+`` and ``++`` do the same. ``+`` on a key verl's
+      YAML defines stays as it is: Hydra refuses it here as verl's does (:func:`append_refusal`). An unknown key
+      is still refused, by the typed schema. A group choice (``+group=option``, ``+group@package=option``,
+      ``a/b``) and Hydra's own section (``+hydra.*``) keep Hydra's meaning.
+    - a plain entry of an open mapping (:data:`OPEN_MAPPINGS`): see :func:`open_mapping_override`.
+    """
+    from verl.workers.config.verl_keys import defined_in_verl
+
+    key = override.split("=", 1)[0]
+    if key.startswith("+") and not key.startswith("++") and "=" in override:
+        name = key[1:]
+        config_key = "." in name and not any(mark in name for mark in ("@", "/")) and not name.startswith("hydra.")
+        return "+" + override if config_key and not defined_in_verl(name, config_name) else override
+    return open_mapping_override(override)
+
+
+_APPEND_REFUSAL = re.compile(r"Could not append to config\. An item is already at '([^']+)'")
+
+
+def append_refusal(hydra_message: str) -> str | None:
+    """Our message for Hydra's refusal of ``+key=value`` on a key the config has, which after
+    :func:`command_line_override` means a key verl's YAML defines too; None for any other message."""
+    match = _APPEND_REFUSAL.search(hydra_message)
+    if match is None:
+        return None
+    key = match.group(1)
+    return (
+        f"+{key}=...: {key} is a key of the config already (verl's YAML defines it too, so verl's Hydra refuses "
+        f"this '+' as well: '+' only adds keys a config lacks). Set it without '+': {key}=<value>."
+    )

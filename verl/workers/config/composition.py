@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from verl.workers.config import out_of_scope
-from verl.workers.config.compat import open_mapping_override
+from verl.workers.config.compat import append_refusal, command_line_override
 
 __all__ = [
     "CONFIG_DIR",
@@ -89,8 +89,8 @@ def compose_files(config_dir: str | Path, config_name: str, override_lists: Sequ
     from hydra.errors import HydraException
 
     config_dir = Path(config_dir).resolve()
-    # entries of open mappings (engine_kwargs.vllm.*, override_transformer_config.*, ...) without "+": see compat
-    override_lists = [[open_mapping_override(item) for item in overrides] for overrides in override_lists]
+    # verl's "+key" on a key verl's YAML lacks, entries of open mappings without "+": see compat.command_line_override
+    override_lists = [[command_line_override(item, config_name) for item in overrides] for overrides in override_lists]
     searchpath = _searchpath_override(config_dir, config_name, override_lists[0])
     try:
         with _hydra_initialised_on(config_dir):
@@ -117,7 +117,8 @@ def compose_files(config_dir: str | Path, config_name: str, override_lists: Sequ
                     configs.append(_plain(compose(config_name=config_name, overrides=[*layer, *overrides])))
     except (HydraException, OmegaConfBaseException) as err:
         refusals = (out_of_scope.override_message(override) for override in override_lists[0])
-        raise ValueError(next((why for why in refusals if why), str(err).strip())) from None
+        message = str(err).strip()
+        raise ValueError(next((why for why in refusals if why), append_refusal(message) or message)) from None
     return configs
 
 

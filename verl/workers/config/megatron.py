@@ -8,7 +8,8 @@ source of the initial weights, the converter choice (``use_mbridge``) and the pa
 megatron-core's ``TransformerConfig`` and ``DistributedDataParallelConfig``. Every pass-through key is checked
 against the fields of megatron-core's dataclass at start-up (:func:`check_passthrough_keys`): an unknown key is
 refused with the close matches, a key that another config key or the Hugging Face model already decides is
-refused with the key to set instead. What needs CUDA is refused on CPU by :meth:`MegatronConfig.check_device`.
+refused with the key to set instead. What needs CUDA is refused on CPU (:meth:`MegatronConfig.training_path`);
+what runs differently there is logged (:meth:`MegatronConfig.check_device`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from verl.workers.config.schema import BaseConfig, FieldError, check_int, join_key, refuse_unavailable
+from verl.workers.config.schema import BaseConfig, FieldError, check_int, is_int, join_key, refuse_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,10 @@ MEGATRON_FSDP_REASON = (
     "Megatron-FSDP (megatron-core's ZeRO-3 sharding of the model's parameters) is not built here; "
     "use_distributed_optimizer shards the optimizer state over the data-parallel ranks"
 )
+# megatron-core's recompute_modules of a dense layer, and its others (parts of mixture-of-experts or
+# multi-latent-attention layers, which the models here do not have).
+DENSE_RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+MOE_MLA_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts", "mla_up_proj")
 REMOVE_PADDING_NOTE = (
     "the megatron backend here runs padded rows with their attention mask, not verl's packed (thd) sequences; the "
     "log-probs and the loss are the same either way"
@@ -181,6 +186,39 @@ _DATACLASS_NAMES = {
     "optimizer": "megatron-core's OptimizerConfig",
     "ddp": "megatron-core's DistributedDataParallelConfig",
 }
+
+
+def check_recompute(given: Mapping[str, Any]) -> None:
+    """megatron-core's rules for ``override_transformer_config.recompute_*`` (its ``TransformerConfig`` checks them
+    when the model is built, inside a worker), checked at start-up instead.
+
+    Raises:
+        FieldError: a value megatron-core refuses, or (``selective``) modules that are not a dense layer's.
+    """
+    field = "override_transformer_config.recompute_"
+    granularity, method = given.get("recompute_granularity"), given.get("recompute_method")
+    num_layers, modules = given.get("recompute_num_layers"), given.get("recompute_modules")
+    modules = ["core_attn"] if modules is None else list(modules)  # megatron-core's default
+    if granularity not in (None, "full", "selective"):
+        raise FieldError(f"{field}granularity", f"={granularity!r} is not supported; use null, full or selective.")
+    if granularity == "full" and (method not in ("uniform", "block") or not is_int(num_layers) or num_layers < 1):
+        raise FieldError(
+            f"{field}granularity",
+            f"=full recomputes groups of whole layers: set recompute_method to uniform or block (got {method!r}) and "
+            f"recompute_num_layers to an integer >= 1 (got {num_layers!r}); verl's scripts set uniform and 1.",
+        )
+    if granularity != "selective":
+        return
+    if num_layers is not None:
+        raise FieldError(f"{field}num_layers", f"={num_layers!r} must be null with recompute_granularity=selective.")
+    others = [name for name in modules if name not in DENSE_RECOMPUTE_MODULES]
+    if others or not modules:
+        raise FieldError(
+            f"{field}modules",
+            f"={modules!r}: selective recomputation of these dense models takes some of "
+            f"{list(DENSE_RECOMPUTE_MODULES)} (megatron-core's other names, {list(MOE_MLA_RECOMPUTE_MODULES)}, are "
+            "parts of mixture-of-experts or multi-latent-attention layers, which these models do not have).",
+        )
 
 
 def check_passthrough_keys(overrides: Any, kind: str, key: str, decided_by: Mapping[str, str]) -> dict[str, Any]:
@@ -340,6 +378,7 @@ class MegatronConfig(BaseConfig):
 
     def _check_passthroughs(self) -> None:
         check_npu_extensions(self.override_transformer_config, "override_transformer_config")
+        check_recompute(dict(self._megatron_core_items() or {}))
         transformer = check_passthrough_keys(
             self._megatron_core_items(),
             "transformer",
@@ -452,7 +491,8 @@ class MegatronConfig(BaseConfig):
         return dict(self.override_ddp_config or {})
 
     def check_device(self, device_type: str, key: str, *, trainable: bool = True) -> None:
-        """Refuse what this device cannot run, naming the key and saying why; log what offload means on CPU.
+        """Refuse what this model cannot do, naming the key and saying why; log what CUDA kernel fusions and offload
+        mean on CPU (activation recomputation runs there by torch's checkpoint: :mod:`verl.models.mcore.recompute`).
 
         Args:
             device_type: "cpu" or "cuda".
@@ -460,7 +500,7 @@ class MegatronConfig(BaseConfig):
             trainable: False for the frozen reference (it has no gradients or optimizer to offload).
 
         Raises:
-            ValueError: a CUDA-only setting on CPU; gradient or optimizer offload of the frozen reference.
+            ValueError: gradient or optimizer offload of the frozen reference.
         """
         if not trainable:
             for name in ("grad_offload", "optimizer_offload"):
@@ -479,13 +519,6 @@ class MegatronConfig(BaseConfig):
                 key,
                 ", ".join(f"{name}=true" for name in fused),
             )
-        for name, value in self._transformer_items():
-            if name == "recompute_granularity" and value not in (None, "full"):
-                raise ValueError(
-                    f"{key}.override_transformer_config.recompute_granularity={value!r} recomputes single modules "
-                    "through megatron-core's CUDA RNG checkpoint (CUDA only). On CPU use 'full' (whole layers, by "
-                    "torch.utils.checkpoint) or null, or run with trainer.device=cuda."
-                )
         offloads = [name for name in ("param_offload", "grad_offload", "optimizer_offload") if getattr(self, name)]
         if offloads:
             logger.info(

@@ -62,7 +62,9 @@ class OptimConfig(BaseConfig):
     lr_scheduler_type: str | None
     warmup_style: str | None
     lr_decay_style: str | None
-    min_lr_ratio: float
+    # null (the default of verl's FSDPOptimizerConfig class) is 0, as verl's cosine schedule reads it
+    min_lr_ratio: float | None
+    num_cycles: float
     # verl's megatron spelling of the floor of the cosine schedule, as a learning rate (0: none); see floor_ratio()
     min_lr: float
     # verl's optimizer name: AdamW (verl's FSDP default) or adam (verl's megatron default, AdamW there too) only
@@ -86,6 +88,7 @@ class OptimConfig(BaseConfig):
         check_int(self, "lr_warmup_steps", -1)
         check_number(self, "lr_warmup_steps_ratio", 0.0, 1.0)
         check_number(self, "min_lr_ratio", 0.0, 1.0)
+        check_number(self, "num_cycles", 0.0, exclusive_min=True)
         self._check_optimizer_name()
         check_int(self, "lr_decay_steps", 1)
         self.floor_ratio()
@@ -105,7 +108,7 @@ class OptimConfig(BaseConfig):
         ``min_lr`` is set instead (the two are one setting; both set and disagreeing is refused)."""
         check_number(self, "min_lr", 0.0, self.lr)
         if not self.min_lr:
-            return self.min_lr_ratio
+            return self.min_lr_ratio or 0.0
         ratio = self.min_lr / self.lr
         if self.min_lr_ratio and abs(self.min_lr_ratio - ratio) > 1e-12:
             raise FieldError(

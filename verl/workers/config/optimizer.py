@@ -3,7 +3,10 @@
 ``OptimizerConfig(lr=1e-5)`` is the actor's ``optim`` section of the YAML with ``lr`` changed (see
 :mod:`verl.workers.config.verl_named` for how the other keys are filled). verl's schedule keys are one setting
 here: ``lr_scheduler_type`` (verl's name), ``warmup_style`` (its older name) and this package's ``lr_scheduler``
-always name the same schedule on these classes, whichever of them was given.
+always name the same schedule on these classes, whichever of them was given. Where verl's class gives a key another
+default than verl's YAML, the class keeps verl's class default when the key is not given: ``min_lr_ratio`` None on
+``FSDPOptimizerConfig`` (the cosine schedule reads it as 0, as verl's does) and ``optimizer`` "adam" on
+``McoreOptimizerConfig`` (megatron-core's name of the same AdamW).
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ class OptimizerConfig(OptimConfig, VerlNamedConfig):
             values["warmup_style"] = schedule
 
 
-@verl_named()
+@verl_named(fixed={"min_lr_ratio": None})
 class FSDPOptimizerConfig(OptimizerConfig):
     """The optimizer of the FSDP (and plain data-parallel) backends."""
 
 
-@verl_named(defaults_from="ppo_megatron_trainer")
+@verl_named(defaults_from="ppo_megatron_trainer", fixed={"optimizer": "adam"})
 class McoreOptimizerConfig(OptimizerConfig):
     """The optimizer of the megatron backend; the defaults of ``ppo_megatron_trainer.yaml``."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from verl.workers.config.schema import BaseConfig, FieldError
@@ -45,6 +45,13 @@ FEATURES: dict[str, tuple[str, str]] = {
     ),
     "npu": ("Ascend NPUs", "this project trains on CUDA GPUs or on CPU processes"),
 }
+
+# verl's rollout engines that are out of scope here, and why (``rollout.name``, and their ``engine_kwargs`` section).
+OUT_OF_SCOPE_ROLLOUTS = {
+    "sglang": "SGLang rollouts are out of scope here (this project runs vLLM, and its own naive and hf samplers)",
+    "trtllm": "TensorRT-LLM rollouts are out of scope here (this project runs vLLM, and its own naive and hf samplers)",
+}
+_ROLLOUT_NAME_KEYS = ("actor_rollout_ref.rollout.name", "rollout.name")
 
 # Keys (fnmatch patterns; the key itself and every key under it) that ask for an out-of-scope feature.
 KEY_FEATURES: dict[str, str] = {
@@ -120,6 +127,38 @@ def override_message(override: str) -> str | None:
     if "@" in key or "/" in key:
         return component_message(key, value)
     return out_of_scope_message(key)
+
+
+def _rollout_engine_message(key: str, value: str) -> str | None:
+    """The refusal of ``rollout.name=sglang`` or of an entry of ``engine_kwargs.sglang`` (a null entry is verl's
+    own default and is not one); None for any other override."""
+    if key in _ROLLOUT_NAME_KEYS and value in OUT_OF_SCOPE_ROLLOUTS:
+        return f"{key}={value}: {OUT_OF_SCOPE_ROLLOUTS[value]}. Use name=vllm or naive."
+    parts = key.split(".")
+    if "engine_kwargs" in parts[:-1]:
+        engine = parts[parts.index("engine_kwargs") + 1]
+        if engine in OUT_OF_SCOPE_ROLLOUTS and value.strip() not in ("", "null", "None", "{}"):
+            return f"{key} is set, but {OUT_OF_SCOPE_ROLLOUTS[engine]}. Remove it (leave engine_kwargs.{engine} {{}})."
+    return None
+
+
+def command_line_refusals(overrides: Sequence[str]) -> list[str]:
+    """Every override of a command line that asks for an out-of-scope feature, each with its refusal, in the
+    command line's order. The command line checks these before anything else: a script that uses a feature this
+    project leaves out hears that (all of them at once), not about the first unknown key Hydra meets."""
+    refusals = []
+    for override in overrides:
+        message = override_message(override)
+        key, _, value = override.lstrip("+~").partition("=")
+        value = value.strip("'\"")
+        if message is None and key in OFF_SWITCHES and value.lower() in ("true", "1"):
+            feature = KEY_FEATURES[key.split(".")[0]]
+            message = feature_message(feature, f"{key}={value}", "Set it to false (or remove it).")
+        if message is None:
+            message = _rollout_engine_message(key, value)
+        if message is not None:
+            refusals.append(message)
+    return refusals
 
 
 def _prefixes(key: str) -> list[str]:

@@ -29,6 +29,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from verl.workers.config.profiler import ROLLOUT_PROFILER_KEY
 from verl.workers.config.sizes import StepSizes, num_training_steps, step_sizes
 
 __all__ = [
@@ -230,25 +231,30 @@ class RoleProfilerSettings:
     ``global_profiler``.
 
     Attributes:
-        sections: the ``profiler`` sections of the roles the group hosts (the actor group: the actor's, and the
-            reference's when it has one); empty for a group that is never profiled.
+        sections: the ``profiler`` sections of the roles whose passes the group runs (the actor group: the actor's,
+            and the reference's when it has one); empty for a group that is never profiled.
         global_profiler: the ``global_profiler`` section (None: no profiling at all).
+        rollout: the rollout's ``profiler`` section when the group hosts the rollout (the actor group with
+            ``hybrid_engine=true``), else None.
     """
 
     sections: tuple[Any, ...] = ()
     global_profiler: Any = None
+    rollout: Any = None
 
     @property
     def enabled(self) -> bool:
         """Whether any of the sections turns profiling on (the group then runs under the profiling tool)."""
-        return any(section.enable for section in self.sections)
+        return any(section.enable for section in (*self.sections, self.rollout) if section is not None)
 
 
 def role_profiler_settings(config: PPOConfig, role: str) -> RoleProfilerSettings:
     """The profiler settings of the worker group ``role`` (``actor_rollout_ref``, ``critic``; any other role has
     no profiler sections), as :meth:`~verl.workers.config.PPOConfig.profiler_sections` lists them."""
-    sections = tuple(section for _, section in config.profiler_sections().get(role, []))
-    return RoleProfilerSettings(sections, config.global_profiler)
+    pairs = config.profiler_sections().get(role, [])
+    sections = tuple(section for key, section in pairs if key != ROLLOUT_PROFILER_KEY)
+    rollout = next((section for key, section in pairs if key == ROLLOUT_PROFILER_KEY), None)
+    return RoleProfilerSettings(sections, config.global_profiler, rollout)
 
 
 def _roles(config: PPOConfig) -> tuple[str, ...]:

@@ -22,12 +22,13 @@ from verl.workers.config.algorithm import (
     RolloutCorrectionConfig,
 )
 from verl.workers.config.async_training import AsyncTrainingConfig
-from verl.workers.config.compat import CustomClsConfig, GlobalProfilerConfig, PFPPOConfig, check_ref_strategy
+from verl.workers.config.compat import CustomClsConfig, PFPPOConfig, check_ref_strategy
 from verl.workers.config.lora import check_lora
 from verl.workers.config.megatron import REMOVE_PADDING_NOTE, check_megatron_sections
 from verl.workers.config.model_engine import check_model_engine
 from verl.workers.config.out_of_scope import DistillationConfig, TransferQueueConfig, feature_message
 from verl.workers.config.precision import check_fsdp_precision
+from verl.workers.config.profiler import GlobalProfilerConfig, check_profiling, profiler_sections
 from verl.workers.config.ray_kwargs import RayKwargsConfig, merged_ray_init
 from verl.workers.config.reward import CustomRewardFunctionConfig, name_reward_keys, resolve_reward_section
 from verl.workers.config.reward_model import RewardModelConfig
@@ -71,6 +72,7 @@ class DataConfig(BaseConfig):
     filter_overlong_prompts: bool
     # verl's process count for that filter; here it runs in the driver's process whatever the count (same result)
     filter_overlong_prompts_workers: int
+    skip_bad_rows: bool
     prompt_key: str
     reward_fn_key: str
     return_raw_chat: bool
@@ -83,9 +85,12 @@ class DataConfig(BaseConfig):
     video_key: str
     # verl's vision patch size for multimodal prompts: its default (14) only, multimodal data being out of scope
     image_patch_size: int
+    # worker processes of the training prompts' DataLoader (verl.utils.dataset.StatefulPromptLoader); 0: in-process
+    dataloader_num_workers: int
 
     def check(self) -> None:
         check_int(self, "filter_overlong_prompts_workers", 1)
+        check_int(self, "dataloader_num_workers", 0)
         if self.image_patch_size != VERL_IMAGE_PATCH_SIZE:
             raise FieldError(
                 "image_patch_size",
@@ -226,10 +231,13 @@ class TrainerConfig(BaseConfig):
 
     @classmethod
     def from_shorthand(cls, value: Any, key: str) -> Any:
-        """verl's scripts say ``trainer.logger=console`` as often as a list: a single sink becomes a one-item list
-        while the section is built."""
+        """verl's scripts say ``trainer.logger=console`` as often as a list, and some pass a list as the string
+        ``'[console,wandb]'``: either string becomes the list it means while the section is built
+        (:func:`verl.utils.tracking.sink_names`)."""
+        from verl.utils.tracking import sink_names
+
         if isinstance(value, Mapping) and isinstance(value.get("logger"), str):
-            return {**value, "logger": [value["logger"]]}
+            return {**value, "logger": sink_names(value["logger"])}
         return value
 
     def check(self) -> None:
@@ -415,43 +423,12 @@ class PPOConfig(BaseConfig):
         self._check_profiling()
 
     def profiler_sections(self) -> dict[str, list[tuple[str, Any]]]:
-        """Per worker group that can be profiled, its roles' ``profiler`` sections as ``(key, section)``: the actor
-        worker holds the actor and the reference, so both of theirs apply to it."""
-        arr = self.actor_rollout_ref
-        groups = {"actor_rollout_ref": [("actor_rollout_ref.actor.profiler", arr.actor.profiler)]}
-        if self.needs_reference:
-            groups["actor_rollout_ref"].append(("actor_rollout_ref.ref.profiler", arr.ref.profiler))
-        if self.needs_critic:
-            groups["critic"] = [("critic.profiler", self.critic.profiler)]
-        return groups
+        """Per worker group that can be profiled, its roles' ``profiler`` sections as ``(key, section)`` (see
+        :func:`~verl.workers.config.profiler.profiler_sections`)."""
+        return profiler_sections(self)
 
     def _check_profiling(self) -> None:
-        """A role's ``profiler.enable`` needs a tool and steps; the CUDA tools need CUDA; its ranks must exist."""
-        glob = self.global_profiler
-        for key, section in (pair for pairs in self.profiler_sections().values() for pair in pairs):
-            if not section.enable:
-                continue
-            tool = section.tool or glob.tool
-            if tool is None or glob.tool is None:
-                raise ValueError(
-                    f"{key}.enable=true, but global_profiler.tool is null: the driver opens the profiling windows "
-                    "at global_profiler.steps with that tool; set global_profiler.tool (torch, nsys, torch_memory) "
-                    "and global_profiler.steps."
-                )
-            if tool in ("nsys", "torch_memory") and self.trainer.device == "cpu":
-                what = "Nsight Systems captures CUDA ranges" if tool == "nsys" else "it snapshots the CUDA allocator"
-                raise ValueError(
-                    f"{key}: tool {tool} needs CUDA ({what}); on CPU use global_profiler.tool=torch, or run with "
-                    "trainer.device=cuda."
-                )
-            beyond = [rank for rank in section.ranks or () if rank >= self.world_size]
-            if beyond and not section.all_ranks:
-                logger.warning(
-                    "%s.ranks: %s are not ranks of this run (%d ranks); they are not profiled",
-                    key,
-                    beyond,
-                    self.world_size,
-                )
+        check_profiling(self)
 
     def _check_dapo(self) -> None:
         buffer = self.reward_model.overlong_buffer
@@ -501,19 +478,14 @@ class PPOConfig(BaseConfig):
         return step_sizes(self).train_batch_size
 
     def _check_separate_rollout(self) -> None:
-        """A rollout worker group of its own (``hybrid_engine=false``, one step off policy): a backend whose weights
-        it can receive, prompts that split over its ranks, and no engine layout that spans the actor's ranks.
-        ``async_training`` and the top-level ``rollout`` section are read only then (see
-        :meth:`_check_settings_apply`)."""
+        """A rollout worker group of its own (``hybrid_engine=false``, one step off policy): prompts that split over
+        its ranks, and no engine layout that spans the actor's ranks. Every actor backend feeds it Hugging Face
+        weights (megatron's tensor-parallel shards and pipeline stages gathered; the layouts it cannot gather are
+        refused by its own section). ``async_training`` and the top-level ``rollout`` section are read only then
+        (see :meth:`_check_settings_apply`)."""
         if self.actor_rollout_ref.hybrid_engine:
             return
         arr, world = self.actor_rollout_ref, self.rollout.world_size
-        if arr.actor.strategy == "megatron":
-            raise ValueError(
-                "actor_rollout_ref.hybrid_engine=false with actor.strategy=megatron: the rollout group of its own "
-                "receives Hugging Face weights, which only the dp and fsdp2 actors export to it here; use "
-                "strategy=fsdp2 (or dp), or hybrid_engine=true."
-            )
         if arr.rollout.name == "vllm" and arr.rollout.tensor_model_parallel_size > 1:
             raise ValueError(
                 "actor_rollout_ref.rollout.tensor_model_parallel_size>1 with hybrid_engine=false: each rank of the "
@@ -534,24 +506,44 @@ class PPOConfig(BaseConfig):
             )
 
     def _check_hf_only_features(self) -> None:
-        """Hugging Face activation checkpointing runs on dp and fsdp2 only (megatron has its own recomputation
-        switch); padding-free passes too, and on megatron ``use_remove_padding=true`` (verl's packed sequences) is
-        accepted and logged: the megatron backend runs padded rows, with the same results."""
+        """On megatron, two Hugging Face model switches are accepted and logged. ``enable_gradient_checkpointing``
+        changes nothing there, as in verl, whose megatron engine never reads it: megatron-core recomputes what
+        ``megatron.override_transformer_config.recompute_*`` asks for (verl's megatron scripts set both). Padding-free
+        passes (``use_remove_padding=true``, verl's packed sequences): the megatron backend runs padded rows, with the
+        same results. Activation offload (``enable_activation_offload``) is built on ``fsdp2`` alone, as in verl (its
+        FSDP engine), and refused elsewhere."""
         arr = self.actor_rollout_ref
-        models = [("actor_rollout_ref.model", arr.actor.strategy, arr.model, "actor_rollout_ref.actor.megatron")]
+        models = [("actor_rollout_ref.model", arr.actor.strategy, arr.model, arr.actor.megatron, ActorConfig.KEY)]
         if self.needs_critic:
-            models.append(("critic.model", self.critic_strategy, self.critic.model, "critic.megatron"))
-        for key, strategy, model, megatron_key in models:
-            instead = {
-                # megatron-core's own switch, as verl's megatron scripts set it
-                "enable_gradient_checkpointing": "on megatron, activation recomputation is megatron-core's: set "
-                f"{megatron_key}.override_transformer_config.recompute_granularity=full (with recompute_method="
-                "uniform and recompute_num_layers=1) and this key to false",
-            }
-            for feature, what in instead.items():
-                if strategy == "megatron" and getattr(model, feature):
-                    raise ValueError(f"{key}.{feature}=true: {what}.")
-            if strategy == "megatron" and model.use_remove_padding:
+            models.append(("critic.model", self.critic_strategy, self.critic.model, self.critic.megatron, "critic"))
+        for key, strategy, model, megatron, section in models:
+            if model.enable_activation_offload and strategy not in FSDP_STRATEGIES:
+                instead = (
+                    f"; megatron-core recomputes activations instead ({section}.megatron.override_transformer_config."
+                    "recompute_granularity)"
+                    if strategy == "megatron"
+                    else f", or {key}.enable_gradient_checkpointing=true to save activation memory on {strategy}"
+                )
+                raise ValueError(
+                    f"{key}.enable_activation_offload=true with {section}.strategy={strategy}: activation offload is "
+                    f"built on the fsdp2 backend here (verl's FSDP engine); set {section}.strategy=fsdp2, or set the "
+                    f"key to false{instead}."
+                )
+            if strategy != "megatron":
+                continue
+            if model.enable_gradient_checkpointing:
+                granularity = dict(megatron.override_transformer_config or {}).get("recompute_granularity")
+                logger.log(
+                    logging.INFO if granularity else logging.WARNING,
+                    "%s.enable_gradient_checkpointing=true on megatron: as in verl, the megatron-core model does not "
+                    "read it; its activation recomputation is %s.megatron.override_transformer_config."
+                    "recompute_granularity=%s%s",
+                    key,
+                    section,
+                    granularity,
+                    "" if granularity else " (nothing recomputed; set full or selective to recompute)",
+                )
+            if model.use_remove_padding:
                 logger.info("%s.use_remove_padding=true on megatron: %s", key, REMOVE_PADDING_NOTE)
 
     def _trained_sections(self) -> list[tuple[Any, str]]:
@@ -716,12 +708,19 @@ class PPOConfig(BaseConfig):
         unused += self.skip.unused_settings()
         mtp_fix = f"{ModelConfig.KEY}.mtp.enable=true, which is refused here (multi-token prediction is not built)"
         unused.append((f"{ModelConfig.KEY}.mtp", arr.model.mtp.to_dict(), mtp_fix))
-        for key, value, fix in unused:
-            if value != default_at(defaults, key):
-                raise ValueError(
-                    f"{key} is set, but nothing reads it: it applies with {fix}. Set that, or leave {key} at its "
-                    "default."
-                )
+        # every such key in one message: a script switched to another rollout hears all it has to drop at once
+        changed = [(key, fix) for key, value, fix in unused if value != default_at(defaults, key)]
+        if len(changed) == 1:
+            key, fix = changed[0]
+            raise ValueError(
+                f"{key} is set, but nothing reads it: it applies with {fix}. Set that, or leave {key} at its default."
+            )
+        if changed:
+            lines = [f"  - {key}: applies with {fix}" for key, fix in changed]
+            raise ValueError(
+                f"{len(changed)} settings are set, but nothing reads them; set what each applies with, or leave "
+                "them at their defaults (remove them):\n" + "\n".join(lines)
+            )
 
     # ------------------------------------------------------------------ decisions
 

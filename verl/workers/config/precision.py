@@ -8,8 +8,12 @@ contract:
   ``torch.autocast`` in it, and ``float16`` turns on the dynamic loss scale of ``optim`` (docs/advance/fp16.md).
   It plays the part of verl's ``fsdp_config.dtype``, the dtype of verl's own autocast.
 - **model** (``model_dtype``): the dtype the weights are loaded in and the FSDP2 shards are kept in, i.e. the master
-  copy the optimizer updates. null: ``float32``, for every role (verl's YAML default ``fp32``; verl's code would take
-  bf16 for a reference whose key is absent, which cannot happen with a YAML default).
+  copy the optimizer updates (and the dtype of AdamW's moments, which follow the parameters). The YAML default is
+  ``fp32`` for every role, as verl's; null takes what verl's code takes when the key is absent: ``float32`` for a
+  trained model, ``bfloat16`` for the frozen (forward-only) reference. ``bf16`` on a trained model keeps the master
+  copy in bf16 whatever the compute dtype: the forward and backward still compute in ``dtype`` (FSDP2 gathers the
+  weights in it, and an fp16 run keeps its dynamic loss scale), and updates smaller than bf16's resolution are
+  rounded away, as in verl; the worker logs that when the compute dtype is not bf16.
 - **param** (``mixed_precision.param_dtype``): the dtype FSDP2 gathers the weights in before each unit's forward
   (``MixedPrecisionPolicy.param_dtype``). null: the compute dtype (what verl does without a ``mixed_precision``
   section). As in verl, where the actor's autocast dtype and ``mixed_precision.param_dtype`` are separate settings,
@@ -24,11 +28,9 @@ contract:
 
 Refused, with the key, the reason and what to set:
 
-- a trained model (actor, critic) kept in fp16 (``model_dtype=fp16``): fp16 master weights lose every update
-  below fp16's resolution, and with ``dtype=float16`` the loss scale exists precisely to keep the master copy fp32;
-- a trained model kept in bf16 unless it also computes in bf16 (``dtype=bfloat16``: pure bf16 training, verl's
-  meaning); with ``dtype=float16`` the fp16 contract keeps fp32 master weights, with ``dtype=float32`` the run
-  asked for fp32;
+- a trained model (actor, critic) kept in fp16 (``model_dtype=fp16``): AdamW's moments would be fp16 too, and the
+  second moment (a gradient squared) underflows to zero in fp16's range, which turns the update into the first
+  moment divided by ``eps``; updates below fp16's resolution would be lost besides. It cannot train;
 - gathering in fp16, or reducing gradients in fp16, for a trained model that does not compute in fp16: those fp16
   gradients would have no loss scale to keep them from underflowing;
 - gathering in 16 bits for a trained model with ``dtype=float32``: FSDP2 then computes in that dtype (it casts the
@@ -102,6 +104,7 @@ class FSDPPrecision:
     """
 
     DEFAULT_MODEL: ClassVar[str] = "float32"
+    DEFAULT_FROZEN_MODEL: ClassVar[str] = "bfloat16"
 
     compute: str
     model: str
@@ -110,14 +113,22 @@ class FSDPPrecision:
     buffer: str
 
     @property
+    def master_coarser_than_compute(self) -> bool:
+        """Whether a trained model keeps bf16 master weights while it computes in another dtype (verl's
+        ``model_dtype=bf16`` on an fp16 or fp32 run): updates below bf16's resolution are rounded away."""
+        return self.model == "bfloat16" and self.compute != "bfloat16"
+
+    @property
     def gathers_coarser_than_compute(self) -> bool:
         """Whether the weights are rounded to bf16 before an fp16 compute (bf16 keeps fewer mantissa bits)."""
         return self.param == "bfloat16" and self.compute == "float16"
 
 
-def model_dtype_of(fsdp_config: Any) -> str:
-    """The dtype an FSDP2 model is loaded in: its ``fsdp_config.model_dtype`` (null: ``float32``)."""
-    return canonical_dtype(fsdp_config.model_dtype, FSDPPrecision.DEFAULT_MODEL)
+def model_dtype_of(fsdp_config: Any, *, trainable: bool = True) -> str:
+    """The dtype an FSDP2 model is loaded in: its ``fsdp_config.model_dtype``; null as verl's code reads an absent
+    key: ``float32`` for a trained model, ``bfloat16`` for the frozen reference."""
+    default = FSDPPrecision.DEFAULT_MODEL if trainable else FSDPPrecision.DEFAULT_FROZEN_MODEL
+    return canonical_dtype(fsdp_config.model_dtype, default)
 
 
 def fsdp_precision(
@@ -139,7 +150,7 @@ def fsdp_precision(
     mixed = fsdp_config.mixed_precision
     precision = FSDPPrecision(
         compute=compute_dtype,
-        model=model_dtype_of(fsdp_config),
+        model=model_dtype_of(fsdp_config, trainable=trainable),
         param=canonical_dtype(mixed.param_dtype, compute_dtype),
         reduce=canonical_dtype(mixed.reduce_dtype, "float32"),
         buffer=canonical_dtype(mixed.buffer_dtype, "float32"),
@@ -158,26 +169,12 @@ def _check_trained(p: FSDPPrecision, fsdp_config: Any, key: str, dtype_key: str)
     compute = f"{dtype_key}={p.compute}"
     model = f"{key}.model_dtype={fsdp_config.model_dtype}"
     if p.model == "float16":
-        why = (
-            "the dynamic loss scale of fp16 training exists so that the master weights can stay in fp32"
-            if p.compute == "float16"
-            else "without a loss scale, small gradients and updates underflow in fp16"
-        )
         raise ValueError(
-            f"{model} would keep the weights the optimizer updates (the master copy) in fp16, with {compute}: {why}, "
-            f"and every update below fp16's resolution would be lost. Set {key}.model_dtype=fp32 (or leave it null); "
-            f"bf16 master weights go with {dtype_key}=bfloat16."
-        )
-    if p.model == "bfloat16" and p.compute != "bfloat16":
-        why = (
-            "fp16 training keeps fp32 master weights: the loss-scaled gradients are unscaled into them and AdamW's "
-            "small updates land in them, which bf16 weights (8 bits of mantissa) would round away"
-            if p.compute == "float16"
-            else "float32 training keeps its weights in fp32"
-        )
-        raise ValueError(
-            f"{model} with {compute} ({dtype_key} is float16 by default here): {why}. Set {key}.model_dtype=fp32 "
-            f"(or leave it null), or {dtype_key}=bfloat16 to train bf16 weights as verl does with this setting."
+            f"{model} would keep the weights the optimizer updates (the master copy), and with them AdamW's moments, "
+            f"in fp16 ({compute}): the second moment, a gradient squared, underflows to zero in fp16, which turns "
+            "each update into the first moment divided by AdamW's eps, and updates below fp16's resolution would be "
+            f"lost. It cannot train. Set {key}.model_dtype=fp32 (the master copy of an fp16 run), or bf16 to hold "
+            "the weights in half the memory (fp32's range, coarser updates)."
         )
     mixed = fsdp_config.mixed_precision
     for field, value in (("param_dtype", p.param), ("reduce_dtype", p.reduce)):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from verl.utils.micro_batching import MicroBatching
-from verl.workers.config.compat import ProfilerConfig, check_ulysses
+from verl.workers.config.compat import check_ulysses
 from verl.workers.config.lora import MegatronLoraConfig, check_lora_fields
 from verl.workers.config.megatron import MegatronConfig
 from verl.workers.config.optim import OptimConfig
@@ -26,6 +26,7 @@ from verl.workers.config.precision import (  # noqa: F401  (FSDP_STRATEGIES, che
     VerlDType,
     check_fsdp_size,
 )
+from verl.workers.config.profiler import ProfilerConfig
 from verl.workers.config.schema import (
     BaseConfig,
     FieldError,
@@ -89,11 +90,6 @@ MTP_REASON = (
     "backends here do not build"
 )
 
-ACTIVATION_OFFLOAD_REASON = (
-    "activation offload (verl moves the activations a backward pass needs to CPU memory during the forward pass) "
-    "is not built here; enable_gradient_checkpointing saves activation memory instead"
-)
-
 
 def check_override_config(model: Any) -> None:
     """``override_config`` must be a mapping of config attribute names (checked against the model's config when
@@ -131,7 +127,8 @@ class ModelConfig(BaseConfig):
     exclude_modules: str | list[str] | None
     lora_adapter_path: str | None
     lora: MegatronLoraConfig
-    # verl's activation offload (saved activations moved to CPU memory in the forward pass): false only
+    # verl's activation offload: what the actor's update saves for its backward pass kept in CPU memory (fsdp2;
+    # verl.utils.activation_offload)
     enable_activation_offload: bool
     # verl's multi-token prediction: off only (MtpConfig)
     mtp: MtpConfig
@@ -141,7 +138,6 @@ class ModelConfig(BaseConfig):
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
         check_override_config(self)
         check_lora_fields(self)
-        refuse_unavailable(self, "enable_activation_offload", ACTIVATION_OFFLOAD_REASON)
 
     @property
     def uses_lora(self) -> bool:
@@ -204,6 +200,8 @@ class FSDPConfig(BaseConfig):
     ulysses_sequence_parallel_size: int
     # verl's engine-level spelling of the role's entropy_checkpointing: true in either place recomputes
     entropy_checkpointing: bool
+    # verl's engine switch: the entropy computed by torch.compile(entropy_from_logits, dynamic=True) (the actor's)
+    use_torch_compile: bool
     # verl's engine choice, FSDP1 (fsdp) or FSDP2 (fsdp2): both run on FSDP2 here (fsdp_turbo: refused by name)
     strategy: str
 
@@ -229,6 +227,8 @@ class RefFSDPConfig(BaseConfig):
     ulysses_sequence_parallel_size: int
     # no gradients flow through the reference: nothing to recompute, whatever the value
     entropy_checkpointing: bool
+    # verl's engine switch (compiled entropy); the reference's passes compute no entropy
+    use_torch_compile: bool
     strategy: str
 
     def check(self) -> None:
@@ -260,7 +260,6 @@ class CriticModelConfig(BaseConfig):
         if not self.path:
             raise FieldError("path", "is empty: set it to a Hugging Face model directory, or 'default'.")
         check_override_config(self)
-        refuse_unavailable(self, "enable_activation_offload", ACTIVATION_OFFLOAD_REASON)
         check_int(self, "lora_rank", 0)
         check_number(self, "lora_alpha", 0, exclusive_min=True)
 
@@ -278,44 +277,65 @@ class FaultInjectionConfig(BaseConfig):
 
 
 #: What a checkpoint of a trained model holds (verl's ``checkpoint.save_contents`` names): the weights, the optimizer
-#: state, the rest of the training state (schedule, scaler, counters, RNG), and optionally a Hugging Face export.
+#: state (with the fp16 loss scaler), the rest of the training state (LR schedule, update-failure counters), and
+#: optionally a Hugging Face export.
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
-_RESUME_CONTENTS = ("model", "optimizer", "extra")
+#: The parts of the training state a checkpoint may leave out, and that a resume may leave fresh.
+TRAINING_STATE_PARTS = ("optimizer", "extra")
+ASYNC_SAVE_REASON = (
+    "background checkpoint writes are not built here: a checkpoint is written in place, atomically (a temporary "
+    "directory renamed when complete) and read back by the driver before training goes on, which a write still in "
+    "flight would defeat"
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointContentsConfig(BaseConfig):
-    """``<role>.checkpoint``: what each checkpoint writes and what a resume reads.
+    """``<role>.checkpoint``: what each checkpoint writes and what a resume reads (verl's meaning).
 
-    ``model``, ``optimizer`` and ``extra`` are always written and read, since a resume here is exact; ``hf_model``
-    adds a ``huggingface/`` directory that ``transformers`` loads (a LoRA run: the merged weights). Lists without
-    one of the three are refused rather than half honoured.
+    ``model`` (the weights) is always written and read: every resume starts from them. ``optimizer`` and ``extra``
+    may be left out of a checkpoint (smaller files; a resume from it is then not exact) and out of a resume (that
+    part starts fresh); a resume that asks for a part its checkpoint lacks stops with an error naming it.
+    ``hf_model`` adds a ``huggingface/`` directory that ``transformers`` loads (a LoRA run: the merged weights); it
+    is never read back.
     """
 
     save_contents: list[str]
     load_contents: list[str]
+    # verl's background checkpoint writes (megatron): false only
+    async_save: bool
     # verl: whether megatron's Hugging Face export must map every weight. The exports here map every weight of the
     # models they convert (a weight left over is an error either way), so true and false write the same files.
     strict: bool
 
     def check(self) -> None:
-        for field in ("save_contents", "load_contents"):
+        for field, what in (("save_contents", "a checkpoint holds"), ("load_contents", "a resume reads")):
             values = list(getattr(self, field))
             unknown = [item for item in values if item not in CHECKPOINT_CONTENTS]
             if unknown:
                 raise FieldError(field, f"holds {unknown[0]!r}; each entry is one of {list(CHECKPOINT_CONTENTS)}.")
-            missing = [item for item in _RESUME_CONTENTS if item not in values]
-            if missing:
+            if "model" not in values:
                 raise FieldError(
                     field,
-                    f"leaves out {missing}: every checkpoint here writes and reads {list(_RESUME_CONTENTS)} so that "
-                    "a resume is exact (only 'hf_model' is optional). Add them back.",
+                    f"={values} leaves out 'model': {what} the trained weights here, which every resume starts from "
+                    "(a checkpoint without them could not be resumed). Add 'model'.",
                 )
+        refuse_unavailable(self, "async_save", ASYNC_SAVE_REASON)
 
     @property
     def hf_model(self) -> bool:
         """Whether each checkpoint also writes the ``huggingface/`` export."""
         return "hf_model" in self.save_contents
+
+    @property
+    def saved_parts(self) -> tuple[str, ...]:
+        """The parts of the training state each checkpoint writes (of :data:`TRAINING_STATE_PARTS`)."""
+        return tuple(part for part in TRAINING_STATE_PARTS if part in self.save_contents)
+
+    @property
+    def loaded_parts(self) -> tuple[str, ...]:
+        """The parts of the training state a resume reads (of :data:`TRAINING_STATE_PARTS`)."""
+        return tuple(part for part in TRAINING_STATE_PARTS if part in self.load_contents)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -533,10 +553,6 @@ class ActorConfig(TrainedModelConfig):
     def check(self) -> None:
         super().check()
         refuse_unavailable(self, "freeze_vision_tower", "a vision tower to freeze (multimodal models are out of scope)")
-        if self.strategy == "megatron":
-            # the megatron actor runs megatron-core's own forward (its fused layers and schedules), not the module
-            # call this switch wraps (use_fused_kernels runs in its output layer: verl.models.mcore.fused_head)
-            refuse_unavailable(self, "use_torch_compile", "torch.compile of the megatron actor's forward")
         check_number(self, "tau_pos", 0.0, exclusive_min=True)
         check_number(self, "tau_neg", 0.0, exclusive_min=True)
         refuse_unavailable(self, "calculate_sum_pi_squared", SUM_PI_SQUARED_REASON)
@@ -571,8 +587,6 @@ class RefConfig(BaseConfig):
 
     def check(self) -> None:
         check_ulysses(self)
-        if self.strategy == "megatron":
-            refuse_unavailable(self, "use_torch_compile", "torch.compile of the megatron reference's forward")
         check_int(self, "log_prob_micro_batch_size_per_gpu", 1)
         check_int(self, "log_prob_max_token_len_per_gpu", 1)
 

@@ -14,6 +14,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
+from verl.workers.config.out_of_scope import OUT_OF_SCOPE_ROLLOUTS
+from verl.workers.config.profiler import ProfilerConfig
 from verl.workers.config.registries import ROLLOUT_REGISTRY
 from verl.workers.config.roles import MicroBatching
 from verl.workers.config.schema import (
@@ -179,6 +181,8 @@ VLLM_ROLLOUT_KEYS = (
     "max_model_len",
     "disable_log_stats",
     "free_cache_engine",
+    "enable_sleep_mode",
+    "skip_tokenizer_init",
     "load_format",
     "layered_summon",
     "multi_stage_wake_up",
@@ -186,11 +190,6 @@ VLLM_ROLLOUT_KEYS = (
     "checkpoint_engine",
 )
 
-# verl's rollout engines that are out of scope here, and why (refused by name at start-up).
-OUT_OF_SCOPE_ROLLOUTS = {
-    "sglang": "SGLang rollouts are out of scope here (this project runs vLLM, and its own naive and hf samplers)",
-    "trtllm": "TensorRT-LLM rollouts are out of scope here (this project runs vLLM, and its own naive and hf samplers)",
-}
 MULTI_TURN_WHY = (
     "multi-turn rollouts with tool calling and interactions (verl's agent loops: tool servers, sandboxes, chat "
     "turns) are out of scope here; every rollout answers each prompt in one turn"
@@ -240,6 +239,18 @@ class MultiTurnConfig(BaseConfig):
 
 
 @dataclasses.dataclass(frozen=True)
+class AgentConfig(BaseConfig):
+    """verl's ``agent`` section of the async mode: ``num_workers``, the processes that split an async batch among
+    verl's rollout servers. Every actor rank generates its share with its own engine here, so no such processes
+    exist; any count (>= 1) is accepted and gives the same rollouts."""
+
+    num_workers: int
+
+    def check(self) -> None:
+        check_int(self, "num_workers", 1)
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckpointEngineConfig(BaseConfig):
     """verl's ``checkpoint_engine``: how the trainer's weights reach the vLLM engine. ``naive`` (in-process copy) is
     the one backend; the weights go one tensor at a time, so a bucket is never fuller than one tensor."""
@@ -264,6 +275,8 @@ class RolloutConfig(BaseConfig):
 
     name: str
     mode: Literal["sync", "async"]
+    # verl's agent-loop processes of the async mode: none are needed here (AgentConfig)
+    agent: AgentConfig
     n: int
     temperature: float
     top_p: float
@@ -288,6 +301,10 @@ class RolloutConfig(BaseConfig):
     max_model_len: int | None
     disable_log_stats: bool
     free_cache_engine: bool
+    # verl's switch of vLLM's sleep mode, which free_cache_engine's sleeping needs
+    enable_sleep_mode: bool
+    # vLLM's skip_tokenizer_init: the engine takes and returns token ids only
+    skip_tokenizer_init: bool
     load_format: str
     layered_summon: bool
     multi_stage_wake_up: bool
@@ -303,6 +320,8 @@ class RolloutConfig(BaseConfig):
     val_kwargs: ValKwargsConfig
     multi_turn: MultiTurnConfig
     checkpoint_engine: CheckpointEngineConfig
+    # verl's profiler of the rollout: generation's traces on the ranks it names (verl.workers.config.profiler)
+    profiler: ProfilerConfig
 
     def check(self) -> None:
         if self.name in OUT_OF_SCOPE_ROLLOUTS:
@@ -324,6 +343,12 @@ class RolloutConfig(BaseConfig):
         for name, why in PARALLEL_SIZES_OF_ONE.items():
             if getattr(self, name) != 1:
                 raise FieldError(name, f"={getattr(self, name)}: {why}; set it to 1.")
+
+    @property
+    def sleeps(self) -> bool:
+        """Whether the vLLM engine releases its weights and KV cache between generations (on a GPU): verl's
+        ``free_cache_engine`` with vLLM's sleep mode on (``enable_sleep_mode``)."""
+        return self.free_cache_engine and self.enable_sleep_mode
 
     def log_prob_micro_batching(self) -> MicroBatching:
         """How the actor's old-log-prob pass splits a batch (verl keeps these keys under ``rollout``)."""

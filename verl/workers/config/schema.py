@@ -14,10 +14,11 @@ owning class), and nested config dataclasses.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 T = TypeVar("T", bound="BaseConfig")
@@ -259,9 +260,24 @@ def full_key(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def nearest_keys(name: str, known: Sequence[str], count: int = 3) -> list[str]:
+    """The entries of ``known`` spelled most like ``name`` (``lrr`` -> ``lr``), best first; none when nothing is
+    close (difflib's ratio under 0.6)."""
+    return difflib.get_close_matches(name, list(known), n=count, cutoff=0.6)
+
+
+def did_you_mean(candidates: Sequence[str]) -> str:
+    """`` Did you mean a or b?`` for a message's end; empty without candidates."""
+    if not candidates:
+        return ""
+    return " Did you mean " + " or ".join(f"{c}" for c in candidates) + "?"
+
+
 def _unknown_key_message(key: str, known: list[str]) -> str:
+    parent, _, name = key.rpartition(".")
+    close = [full_key(parent, other) for other in nearest_keys(name, known)]
     return known_key_message(key) or (
-        f"{key} is not a known config key; the keys here are {known}. Check the spelling (see docs/config)."
+        f"{key} is not a known config key.{did_you_mean(close)} The keys here are {known}; see docs/config."
     )
 
 

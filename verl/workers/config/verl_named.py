@@ -147,8 +147,8 @@ class VerlNamedConfig(collections.abc.Mapping, metaclass=VerlNamedMeta):
     Subclasses list it after the section they stand for. Class attributes (set through :func:`verl_named`):
     ``VERL_SECTION`` the section's full key; ``VERL_DEFAULTS_FROM`` the config file whose defaults fill missing
     keys; ``VERL_FIXED`` keys whose value the class itself decides when not given (``strategy`` of the FSDP and
-    megatron classes); ``VERL_EXTRAS`` verl attributes without a key here (name -> YAML key to read, or None);
-    ``VERL_MUTABLE`` assignable fields.
+    megatron classes, and verl's class defaults where verl's own YAML gives another value); ``VERL_EXTRAS`` verl
+    attributes without a key here (name -> YAML key to read, or None); ``VERL_MUTABLE`` assignable fields.
     """
 
     VERL_SECTION: typing.ClassVar[str] = ""

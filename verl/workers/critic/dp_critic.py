@@ -113,10 +113,14 @@ class ValueModel(torch.nn.Module):
         kwargs = {"use_cache": False} if isinstance(self.backbone, PreTrainedModel) else {}
         if self.use_remove_padding:
             hidden = forward_packed(self.backbone, input_ids, attention_mask, position_ids, **kwargs)
-            return self.value_head(hidden).squeeze(-1)
-        output = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
-        hidden = getattr(output, "last_hidden_state", output)
-        return self.value_head(hidden).squeeze(-1)
+        else:
+            output = self.backbone(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+            )
+            hidden = getattr(output, "last_hidden_state", output)
+        # a tensor of its own, not a view of the head's (B, S, 1) output: FSDP2 hooks the root module's outputs for
+        # the backward pass, and an in-place op on a returned view would drop that hook (torch warns on every step)
+        return self.value_head(hidden).squeeze(-1).clone()
 
 
 class DataParallelPPOCritic(BasePPOCritic):

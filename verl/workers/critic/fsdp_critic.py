@@ -36,6 +36,8 @@ class FSDPPPOCritic(DataParallelPPOCritic):
         lr_scheduler: its LR schedule.
         mesh: the data-parallel mesh the module is sharded over.
         **loop_parts: ``update_outcome_handler``, ``fault_injector``, ``rank`` (see ``build_loop_parts``).
+
+    ``critic.model.enable_activation_offload`` keeps what each update's forward pass saves in CPU memory.
     """
 
     training_path = "fsdp2"
@@ -44,7 +46,7 @@ class FSDPPPOCritic(DataParallelPPOCritic):
         self, config: CriticConfig, critic_module: torch.nn.Module, optimizer, lr_scheduler=None, *, mesh, **loop_parts
     ):
         # no Hugging Face export: a backbone with a value head is no transformers class
-        backend = FSDPBackend(mesh, hf_export=False)
+        backend = FSDPBackend(mesh, hf_export=False, offload_activations=config.model.enable_activation_offload)
         super().__init__(config, critic_module, optimizer, lr_scheduler, backend=backend, **loop_parts)
 
 

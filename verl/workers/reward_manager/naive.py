@@ -39,6 +39,22 @@ def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor
     return token_level
 
 
+class SampleScoringError(RuntimeError):
+    """The scoring function raised on one sample of a batch; the original exception is its ``__cause__``.
+
+    Attributes:
+        position: the sample's row in the scored batch (0-based).
+        data_source: the sample's data source (which picks the scorer).
+    """
+
+    def __init__(self, position: int, data_source: str, cause: BaseException):
+        self.position = position
+        self.data_source = data_source
+        super().__init__(
+            f"sample {position} of the batch (data_source {data_source!r}): {type(cause).__name__}: {cause}"
+        )
+
+
 @register("naive")
 class NaiveRewardManager:
     """Score every response independently with a rule-based function.
@@ -91,6 +107,7 @@ class NaiveRewardManager:
 
         Raises:
             ValueError: a required key is missing from the batch.
+            SampleScoringError: the scoring function raised on a sample (its position in the batch named).
         """
         responses = data.batch["responses"]
         if "response_mask" in data.batch.keys():
@@ -110,7 +127,10 @@ class NaiveRewardManager:
         for i, length in enumerate(num_valid):
             text = self.tokenizer.decode(responses[i, :length].tolist(), skip_special_tokens=True)
             source = str(non_tensor[self.reward_fn_key][i])
-            score, info = self._score_one(source, text, str(non_tensor["ground_truth"][i]), extra_infos[i])
+            try:
+                score, info = self._score_one(source, text, str(non_tensor["ground_truth"][i]), extra_infos[i])
+            except Exception as err:  # the user's scorer: which sample it failed on is what the trainer reports
+                raise SampleScoringError(i, source, err) from err
             scores.append(score)
             for key, value in info.items():
                 extra.setdefault(key, [None] * len(num_valid))[i] = value

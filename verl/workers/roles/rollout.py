@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -58,16 +58,29 @@ class RolloutRole:
         every applied update; a rollout over the policy's own module sees the updates by itself."""
         return bool(getattr(self.engine, "holds_weights", False))
 
-    def generate(self, prompts: DataProto) -> DataProto:
+    def generate(self, prompts: DataProto, on_token: Callable[[int], None] | None = None) -> DataProto:
         """Responses to ``prompts``, tagged with the temperature they were sampled at: the prompts' per-call override
         (as validation's ``val_kwargs``), else the configured one. Without ``calculate_log_probs`` the rollout's own
-        log-probs are left out of the batch, as in verl."""
-        with evaluating(self.module), torch.no_grad():
+        log-probs are left out of the batch, as in verl. ``on_token``: called with the index of each response token
+        before the rollout produces it (the profiler's token window; the naive and hf rollouts call it)."""
+        with evaluating(self.module), torch.no_grad(), self._observing(on_token):
             output = self.engine.generate_sequences(prompts.to(self.device))
         output.meta_info["temperature"] = prompts.meta_info.get("temperature", self.config.temperature)
         if not self.config.calculate_log_probs:
             output.batch.pop("rollout_log_probs", None)
         return output
+
+    @contextlib.contextmanager
+    def _observing(self, on_token: Callable[[int], None] | None) -> Iterator[None]:
+        """The engine's ``token_observer`` set to ``on_token`` for the block (nothing touched without one)."""
+        if on_token is None:
+            yield
+            return
+        self.engine.token_observer = on_token
+        try:
+            yield
+        finally:
+            self.engine.token_observer = None
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> float:
         """Send ``(Hugging Face name, tensor)`` pairs into an engine holding its own weights; returns the seconds it

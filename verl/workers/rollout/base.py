@@ -16,7 +16,7 @@ when it keeps random state that a resumed run must continue.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -80,6 +80,9 @@ class BaseRollout(ABC):
         # partial rollouts (verl.workers.rollout.partial): set by the rollout worker; a rollout that can stop
         # between two tokens asks it after each one
         self.weight_switch: WeightSwitch | None = None
+        # the profiler's token window (verl.utils.profiler.TokenWindow), set for one call by the hosting role: a
+        # rollout that generates token by token calls it with each response token's index before producing it
+        self.token_observer: Callable[[int], None] | None = None
 
     @property
     def stop_ids(self) -> list[int]:

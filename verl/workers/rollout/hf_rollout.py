@@ -13,7 +13,7 @@ continues the same per-call seeds. The output goes through the shared post-proce
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,8 @@ def _generation_kwargs(params: SamplingParams, pad_token_id: int, eos_ids: list[
         "repetition_penalty": 1.0,
         "no_repeat_ngram_size": 0,
         "use_cache": True,
+        "return_dict_in_generate": True,
+        "output_logits": True,  # the raw logits of each step: the engine's log-probs of its own tokens
     }
     if not params.greedy:
         kwargs.update(
@@ -50,6 +52,20 @@ def _generation_kwargs(params: SamplingParams, pad_token_id: int, eos_ids: list[
             eta_cutoff=0.0,
         )
     return kwargs
+
+
+class _TokenObserver:
+    """A stopping criterion of ``generate`` that never stops: it tells ``observer`` the index of the response token
+    about to be produced (``generate`` asks its criteria after every token)."""
+
+    def __init__(self, observer: Callable[[int], None], prompt_length: int, response_length: int):
+        self.observer, self.prompt_length, self.response_length = observer, prompt_length, response_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        index = input_ids.shape[1] - self.prompt_length
+        if index < self.response_length:  # after the last token there is none to come
+            self.observer(index)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 @register_rollout("hf")
@@ -80,9 +96,13 @@ class HFRollout(SeedSourceRollout):
         self.module = module
 
     def _generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         generation_config = GenerationConfig(**_generation_kwargs(params, self.pad_token_id, self.eos_ids))
+        observers = []
+        if self.token_observer is not None:
+            self.token_observer(0)
+            observers.append(_TokenObserver(self.token_observer, input_ids.shape[1], params.response_length))
         was_training = self.module.training
         self.module.eval()
         try:
@@ -90,8 +110,7 @@ class HFRollout(SeedSourceRollout):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=generation_config,
-                return_dict_in_generate=True,
-                output_logits=True,  # the raw logits of each step: the engine's log-probs of its own tokens
+                stopping_criteria=StoppingCriteriaList(observers),
             )
         finally:
             self.module.train(was_training)

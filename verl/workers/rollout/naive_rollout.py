@@ -179,7 +179,9 @@ class NaiveRollout(BaseRollout):
         position_ids = compute_position_ids(attention_mask)
         next_position = position_ids[:, -1] + 1
         num_steps = 0
+        observe = self.token_observer or (lambda index: None)
         try:
+            observe(0)
             logits = self.decoder.prefill(input_ids, attention_mask, position_ids, params.response_length)
             for step in range(params.response_length):
                 next_tokens, next_log_probs = sample_with_log_probs(logits, params, generator)
@@ -202,6 +204,7 @@ class NaiveRollout(BaseRollout):
                     rows, finished, next_tokens = rows[keep], finished[keep], next_tokens[keep]
                     attention_mask, next_position = attention_mask[keep], next_position[keep]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones(rows.shape[0], 1)], dim=-1)
+                observe(num_steps)
                 logits = self.decoder.decode(next_tokens, attention_mask, next_position)
                 next_position = next_position + 1
         finally:

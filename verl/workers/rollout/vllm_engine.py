@@ -76,10 +76,11 @@ VERL_SET_KEYS = {
     "enable_chunked_prefill": f"{_KEY}.enable_chunked_prefill",
     "max_num_batched_tokens": f"{_KEY}.max_num_batched_tokens",
     "max_num_seqs": f"{_KEY}.max_num_seqs",
-    "enable_sleep_mode": f"{_KEY}.free_cache_engine",
+    "enable_sleep_mode": f"{_KEY}.enable_sleep_mode",
     "enable_prefix_caching": f"{_KEY}.enable_prefix_caching",
     "disable_log_stats": f"{_KEY}.disable_log_stats",
     "load_format": f"{_KEY}.load_format",
+    "skip_tokenizer_init": f"{_KEY}.skip_tokenizer_init",
     "distributed_executor_backend": f"{_KEY}.tensor_model_parallel_size",
 }
 
@@ -183,14 +184,22 @@ def engine_kwargs(arr: ActorRolloutRefConfig, seed: int, device: str) -> dict[st
         "enable_prefix_caching": rollout.enable_prefix_caching,
         "max_num_batched_tokens": rollout.max_num_batched_tokens,
         "max_num_seqs": rollout.max_num_seqs,
-        # vLLM sleeps only on GPU (its CPU worker ignores sleep); the rollout sleeps between calls when it is set
-        "enable_sleep_mode": rollout.free_cache_engine and device == "cuda",
+        # vLLM sleeps only on GPU (its CPU worker has no sleep mode); the rollout sleeps between calls when it is set
+        "enable_sleep_mode": rollout.sleeps and device == "cuda",
         # the checkpoint's generation_config.json would add its eos ids and warpers; sampling comes from our config
         "generation_config": "vllm",
         "logprobs_mode": choose_logprobs_mode(rollout),
         "disable_log_stats": rollout.disable_log_stats,
         "load_format": rollout.load_format,
+        # ids in, ids out, stop tokens by id (vllm_rollout): the engine needs no tokenizer of its own
+        "skip_tokenizer_init": rollout.skip_tokenizer_init,
     }
+    if device == "cuda" and rollout.free_cache_engine and not rollout.enable_sleep_mode:
+        logger.info(
+            "%s.enable_sleep_mode=false: the vLLM engine keeps its weights and KV cache in GPU memory between "
+            "generations (free_cache_engine needs sleep mode to release them)",
+            _KEY,
+        )
     if arr.model.override_config:
         # the engine builds the model from the same config as the trainer (actor_rollout_ref.model.override_config)
         kwargs["hf_overrides"] = dict(arr.model.override_config)

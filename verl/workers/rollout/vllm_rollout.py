@@ -9,8 +9,9 @@ output's ``rollout_log_probs``.
 
 Unlike ``naive`` and ``hf``, this rollout does not sample from the trainer's module: after every step that changed
 the weights the worker streams them in with :meth:`VLLMRollout.load_weights` (vLLM's in-place ``reload_weights``,
-which takes Hugging Face names and the trainer's dtype and casts). With ``free_cache_engine`` on a GPU the engine
-sleeps after each generation (KV cache freed, weights offloaded) and wakes for the next one.
+which takes Hugging Face names and the trainer's dtype and casts). With ``free_cache_engine`` on a GPU (and vLLM's
+sleep mode, ``enable_sleep_mode``, left on) the engine sleeps after each generation (KV cache freed, weights
+offloaded) and wakes for the next one; vLLM's CPU worker has no sleep mode, so on CPU it stays awake.
 
 Tensor parallelism (an engine over TP ranks, vLLM's ``external_launcher``; see
 :mod:`~verl.workers.rollout.vllm_engine`): the ranks of one engine must run the same requests, so each rank's prompts
@@ -83,7 +84,7 @@ class VLLMRollout(SeedSourceRollout):
             )
         super().__init__(config, pad_token_id, eos_token_id)
         self.engine = engine
-        # sleep mode exists only where vLLM supports it (GPU) and when free_cache_engine asked for it
+        # sleep mode exists only where vLLM supports it (GPU), when free_cache_engine and enable_sleep_mode ask for it
         self.can_sleep = bool(getattr(engine.model_config, "enable_sleep_mode", False))
         self._asleep = False
         # the gloo group of the engine's tensor-parallel ranks, None for an engine on one rank

@@ -62,7 +62,28 @@ def _import_module(module: Any, where: str) -> None:
         ) from err
 
 
+# the keys of the mapping form: a value that starts with one of them and a colon is that mapping without its braces
+_MAPPING_KEYS = ("name", "module")
+
+
+def _braces_forgotten(path: str, key: str) -> str | None:
+    """The message for a mapping written without its braces (``name: x``, ``name: x, module: m``), which reads as a
+    class path whose module is ``name``; None for anything else. A class path has no spaces or commas."""
+    module_name = path.partition(":")[0].strip()
+    if module_name not in _MAPPING_KEYS and not any(c.isspace() or c == "," for c in path):
+        return None
+    items = [item.partition(":") for item in path.split(",")]
+    mapping = "{" + ", ".join(f"{k.strip()}: {v.strip()}" for k, _, v in items) + "}"
+    return (
+        f"{key}={path!r} reads as a mapping written without its braces. Write the mapping in braces, quoted for the "
+        f"shell: '{key}={mapping}'; a class path looks like 'package.module:ClassName' (no spaces)."
+    )
+
+
 def _load_class_path(path: str, key: str) -> type[UpdateOutcomeHandler]:
+    forgotten = _braces_forgotten(path, key)
+    if forgotten is not None:
+        raise ValueError(forgotten)
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{key}={path!r}: a class path must look like 'package.module:ClassName'.")

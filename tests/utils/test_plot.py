@@ -1,0 +1,27 @@
+"""The end-of-run plot: four panels, and whole-number ticks on the failed-updates count."""
+
+import json
+
+
+def test_the_failed_updates_axis_has_whole_number_ticks(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from verl.utils.plot import plot_training_curves
+
+    metrics = tmp_path / "metrics.jsonl"
+    # one failed update at step 1, none after: the count axis spans 0..1, where matplotlib's default ticks are
+    # 0, 0.2, 0.4, 0.6, 0.8, 1 (a count of 0.4 failed updates means nothing)
+    rows = [
+        {"step": step, "critic/score/mean": 0.5, "actor/update_failed": failed, "actor/update_failures_total": 1.0}
+        for step, failed in ((1, 1.0), (2, 0.0), (3, 0.0))
+    ]
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (figures.append(fig), close(fig)))
+    path = plot_training_curves(metrics, tmp_path / "training_curves.png")
+    assert path.stat().st_size > 0
+    (figure,) = figures
+    assert len(figure.axes) == 4  # reward, loss scale, failed updates, mismatch (the quickstart says so)
+    ticks = [tick for tick in figure.axes[2].get_yticks() if 0 <= tick <= 1]
+    assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
