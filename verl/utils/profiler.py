@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from verl.utils.profiler_config import GlobalProfilerConfig, ProfilerConfig  # noqa: F401  (verl's import path)
 from verl.utils.profiler_hooks import ray_nsight_dir, relocate_nsight_reports, run_finish_hook
 from verl.utils.profiler_sessions import Session, mini_batch, open_session
 

@@ -153,3 +153,13 @@ def test_model_target_modules_merge_through_omegaconf_and_are_type_checked():
         HFModelConfig(path="some/model", target_modules=[1, 2])
     with pytest.raises(TypeError, match="exclude_modules"):
         HFModelConfig(path="some/model", exclude_modules=3)
+
+
+def test_verls_profiler_config_import_path_is_the_config_sections_class():
+    # verl's code imports it from verl.utils.profiler; it lives a layer below the config package so that verl.utils
+    # may hold it, and is the very class a role's profiler section is built as
+    from verl.utils.profiler import ProfilerConfig
+    from verl.workers.config import load_section
+    from verl.workers.config.roles import ActorConfig
+
+    assert isinstance(load_section(ActorConfig).profiler, ProfilerConfig)
