@@ -31,6 +31,8 @@ def test_ppo_with_a_tensor_parallel_lora_critic_trains_saves_shards_and_resumes(
         "critic.strategy=megatron",
         "critic.megatron.tensor_model_parallel_size=2",
         "critic.model.lora.rank=4",  # verl's megatron form: adapters split over the 2 ranks as their layers are
+        # verl's checkpoint contents: the Hugging Face export only when hf_model is listed
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     ]
     first, out_dir = run_main(tmp_path, "trainer.total_training_steps=2", *ppo)
     assert first.returncode == 0, first.stderr[-4000:]

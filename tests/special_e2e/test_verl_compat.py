@@ -63,6 +63,8 @@ def verl_command_line(data_dir: Path, out_dir: Path, reward_file: Path) -> list[
         "data.filter_overlong_prompts=True",
         "data.truncation=error",
         "actor_rollout_ref.model.path=default",
+        # the embedded model's 64 positions do not hold GSM8K's 160-token prompts (refused at start-up): widen them
+        "actor_rollout_ref.model.override_config.max_position_embeddings=256",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.model.use_remove_padding=True",

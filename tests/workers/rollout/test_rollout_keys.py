@@ -42,7 +42,7 @@ def validate_with(val_kwargs: dict):
     group = RecordingActorGroup(rollout)
     outputs = []
 
-    def score(output):
+    def score(output, validation=False):
         outputs.append(output)
         return torch.zeros(len(output), RESPONSE_LENGTH)
 

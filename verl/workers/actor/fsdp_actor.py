@@ -320,19 +320,10 @@ def build_fsdp_actor(
         key=f"{ActorConfig.KEY}.fsdp_config" if trainable else "actor_rollout_ref.ref.fsdp_config",
         trainable=trainable,
     )
-    compile_entropy = fsdp_config.use_torch_compile
+    shared = {"mesh": mesh, "use_remove_padding": use_remove_padding, "compile_entropy": fsdp_config.use_torch_compile}
     if not trainable:
-        return FSDPPPOActor(
-            config, module, mesh=mesh, use_remove_padding=use_remove_padding, compile_entropy=compile_entropy, rank=rank
-        )
+        return FSDPPPOActor(config, module, rank=rank, **shared)
+    loop_parts = build_loop_parts(config, rank=rank)
     return FSDPPPOActor(
-        config,
-        module,
-        optimizer,
-        scheduler,
-        mesh=mesh,
-        use_remove_padding=use_remove_padding,
-        offload_activations=enable_activation_offload,
-        compile_entropy=compile_entropy,
-        **build_loop_parts(config, rank=rank),
+        config, module, optimizer, scheduler, offload_activations=enable_activation_offload, **shared, **loop_parts
     )

@@ -156,6 +156,16 @@ def engine_index(rollout: RolloutConfig, rank: int) -> int:
     return rank // rollout.tensor_model_parallel_size if rollout.name == "vllm" else rank
 
 
+def _log_kept_memory(rollout: Any, device: str) -> None:
+    """Say so when ``free_cache_engine`` cannot free the engine's GPU memory because sleep mode is off."""
+    if device == "cuda" and rollout.free_cache_engine and not rollout.enable_sleep_mode:
+        logger.info(
+            "%s.enable_sleep_mode=false: the vLLM engine keeps its weights and KV cache in GPU memory between "
+            "generations (free_cache_engine needs sleep mode to release them)",
+            _KEY,
+        )
+
+
 def engine_kwargs(arr: ActorRolloutRefConfig, seed: int, device: str) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for this run (``engine_kwargs.vllm`` merged last).
 
@@ -194,12 +204,7 @@ def engine_kwargs(arr: ActorRolloutRefConfig, seed: int, device: str) -> dict[st
         # ids in, ids out, stop tokens by id (vllm_rollout): the engine needs no tokenizer of its own
         "skip_tokenizer_init": rollout.skip_tokenizer_init,
     }
-    if device == "cuda" and rollout.free_cache_engine and not rollout.enable_sleep_mode:
-        logger.info(
-            "%s.enable_sleep_mode=false: the vLLM engine keeps its weights and KV cache in GPU memory between "
-            "generations (free_cache_engine needs sleep mode to release them)",
-            _KEY,
-        )
+    _log_kept_memory(rollout, device)
     if arr.model.override_config:
         # the engine builds the model from the same config as the trainer (actor_rollout_ref.model.override_config)
         kwargs["hf_overrides"] = dict(arr.model.override_config)
