@@ -24,6 +24,8 @@ _MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "origi
 
 # kernels megatron would fuse with apex/TE/CUDA extensions; off, since none of that exists on CPU and the
 # unfused paths compute the same numbers
+# Dropout off, as in the Hugging Face models at inference (RL computes log-probs that must match the rollout's).
+_NO_DROPOUT = {"attention_dropout": 0.0, "hidden_dropout": 0.0}
 _UNFUSED = {
     "attention_softmax_in_fp32": True,
     "masked_softmax_fusion": False,
@@ -175,7 +177,7 @@ def build_transformer_config(
         "activation_func": F.silu,
         "add_bias_linear": False,
         "add_qkv_bias": model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        **{"attention_dropout": 0.0, "hidden_dropout": 0.0},
+        **_NO_DROPOUT,
         "fp16": dtype == torch.float16,
         "bf16": dtype == torch.bfloat16,
         "params_dtype": dtype,
