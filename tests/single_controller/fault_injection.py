@@ -79,8 +79,9 @@ class Killer:
         self._kill = kill
 
     def arm(self, group) -> None:
-        """Wrap ``group``'s planned method if the group has the planned name; other groups are left alone."""
-        if group.name_prefix != self.plan.group:
+        """Wrap ``group``'s planned method if the group has the planned name (a role's group hosted in a shared
+        process, by its role's name); other groups are left alone."""
+        if self.plan.group not in (group.name_prefix, getattr(group, "role", None)):
             return
         method = getattr(group, self.plan.method)
 
@@ -131,4 +132,14 @@ def kill_in_every_group(plan: KillPlan, kill: Callable[[int], None] = kill_proce
         killer.arm(group)
 
     RayWorkerGroup.__init__ = build_and_arm
+    spawn = RayWorkerGroup.spawn
+
+    @functools.wraps(spawn)
+    def spawn_and_arm(group, *args, **kwargs):  # the groups of the roles that share a process
+        role_groups = spawn(group, *args, **kwargs)
+        for role_group in role_groups.values():
+            killer.arm(role_group)
+        return role_groups
+
+    RayWorkerGroup.spawn = spawn_and_arm
     return killer

@@ -6,12 +6,29 @@ processes; the tests put the repository root on their ``PYTHONPATH``.
 
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, Execute, Worker, register
+
+
+def start_local_ray(num_cpus: int = 2) -> None:
+    """A Ray instance of the test's own (without an address Ray joins any cluster this machine runs, another
+    test's), whose workers import this repository's modules (``tests.*`` included)."""
+    import ray
+
+    repo_root = str(Path(__file__).resolve().parents[2])
+    python_path = os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+    )
 
 
 class ExpectedWorkerError(RuntimeError):
@@ -104,3 +121,26 @@ class EchoWorker(Worker):
     def plain_method(self, value: int) -> int:
         """Not registered: reachable through ``execute_all`` only."""
         return value + self.rank
+
+
+class DiceWorker(Worker):
+    """Draws from the process's random generators: a colocated role must see the same numbers as alone."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.seed = seed
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def roll(self, count: int) -> list[float]:
+        return torch.rand(count).tolist()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def mark_rows(self, data: DataProto) -> DataProto:
+        """Per row: the rank that saw it, and the process that ran it."""
+        num_rows = len(data)
+        tensors = {"rank": torch.full((num_rows,), self.rank), "pid": torch.full((num_rows,), os.getpid())}
+        return DataProto.from_dict(tensors=tensors)
+
+    def layout(self) -> tuple[int, int]:
+        return self.rank, self.seed

@@ -4,32 +4,19 @@ One Ray session and one worker group serve the whole module (Ray takes seconds t
 The worker classes live in ``remote_helpers`` so that the Ray worker processes can import them.
 """
 
-import os
-from pathlib import Path
-
 import pytest
 import ray
 import torch
 from ray.exceptions import RayActorError
 
-from tests.single_controller.remote_helpers import EchoWorker, ExpectedWorkerError
+from tests.single_controller.remote_helpers import EchoWorker, ExpectedWorkerError, start_local_ray
 from verl.protocol import DataProto
 from verl.single_controller import PendingResult, RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-
-REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @pytest.fixture(scope="module")
 def group():
-    python_path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    ray.init(
-        # an instance of its own: without an address Ray joins any cluster this machine runs (another test's)
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": python_path}},
-    )
+    start_local_ray()
     # Half a CPU each: both workers fit on a 2-core box next to anything else the tests start.
     pool = RayResourcePool(num_workers=2, num_cpus_per_worker=0.5)
     worker_group = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, offset=100), name_prefix="echo_test")

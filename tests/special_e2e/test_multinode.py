@@ -166,6 +166,21 @@ def test_killed_worker_before_any_checkpoint_restarts_from_the_start(cluster, re
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
+def test_a_killed_critic_rebuilds_the_process_it_shares_with_the_actor_and_the_run_finishes(cluster, tmp_path):
+    # the critic lives in the actor's processes (trainer.colocate_roles): its death takes the actor's rank with it,
+    # and the restart rebuilds that process whole, both roles resuming from step 2's checkpoint
+    critic = ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=4"]
+    restart = "trainer.max_restarts=1"
+    proc, out_dir = run_on_cluster(cluster, tmp_path, *critic, restart, kill="critic:1:update_critic:3")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "worker actor_rollout_ref+critic rank 1 on node" in proc.stderr and " died: " in proc.stderr
+    assert proc.stderr.count("actor_rollout_ref+critic: 2 rank(s) on 2 node(s)") == 2  # built, then rebuilt whole
+    records = train_records(out_dir)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert [r["trainer/restarts"] for r in records] == [0.0, 0.0, 1.0, 1.0]
+    assert is_complete_checkpoint(out_dir / "global_step_4", ("actor", "critic"))
+
+
 def test_cluster_too_small_is_a_config_error_at_start_up(cluster, tmp_path):
     # 3 ranks of one CPU each on a cluster of two one-CPU nodes; batch 6 x 2 samples split over 3 ranks
     proc, _ = run_on_cluster(

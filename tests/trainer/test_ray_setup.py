@@ -19,16 +19,26 @@ from verl.workers.config import compose_ppo_config, compose_with_defaults
 REWARD_MODEL = ["reward_model.enable=true", "reward_model.model.path=unused", "reward_model.micro_batch_size_per_gpu=8"]
 
 
-def test_two_cores_over_actor_critic_and_reward_model_give_one_thread_each():
+def test_two_cores_over_actor_critic_and_reward_model_in_one_process_give_it_both():
     config = compose_ppo_config(["trainer.n_gpus_per_node=1", "algorithm.adv_estimator=gae", *REWARD_MODEL])
+    # actor, critic and reward model share the rank's one process (they take turns): 2 cores // 1 = 2
+    assert processes_per_node(config) == 1
+    assert threads_per_process(2, processes_per_node(config)) == 2
+
+
+def test_two_cores_over_actor_critic_and_reward_model_apart_give_one_thread_each():
+    overrides = ["trainer.n_gpus_per_node=1", "algorithm.adv_estimator=gae", "trainer.colocate_roles=false"]
+    config = compose_ppo_config([*overrides, *REWARD_MODEL])
     # actor 1 rank + critic 1 rank + reward model 1 rank = 3 processes; 2 cores // 3 = 0, raised to 1
     assert processes_per_node(config) == 3
     assert threads_per_process(2, processes_per_node(config)) == 1
 
 
-def test_eight_cores_over_two_actor_and_two_critic_ranks_give_two_threads_each():
-    config = compose_ppo_config(["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae"])
-    # 2 actor ranks + 2 critic ranks = 4 processes; 8 cores // 4 = 2 (the old split, over the actor's 2: 4)
+def test_eight_cores_over_two_actor_and_two_critic_ranks_apart_give_two_threads_each():
+    config = compose_ppo_config(
+        ["trainer.n_gpus_per_node=2", "algorithm.adv_estimator=gae", "actor_rollout_ref.nccl_timeout=60"]
+    )
+    # another collective timeout keeps the critic apart: 2 actor ranks + 2 critic ranks = 4 processes; 8 // 4 = 2
     assert processes_per_node(config) == 4
     assert threads_per_process(8, processes_per_node(config)) == 2
 

@@ -1,10 +1,10 @@
 """The megatron actor worker feeding a rollout worker group of its own (``hybrid_engine=false``), in one process.
 
-The trainer moves the weights through the driver: the actor group's ``export_weights`` ({Hugging Face name: CPU
-tensor} on rank 0), then the rollout group's ``load_weights``. Both workers are built here from the same config and
-called directly, so the whole path runs in seconds: after an update, what the megatron actor exports is its model's
-weights under Hugging Face names and layouts, and the rollout worker's frozen Hugging Face copy then computes the
-actor's own log-probs.
+The trainer moves the weights through the driver: the actor group's ``export_weights`` (CPU buckets of Hugging Face
+names on rank 0, read back with ``named_tensors``), then the rollout group's ``load_weights``. Both workers are
+built here from the same config and called directly, so the whole path runs in seconds: after an update, what the
+megatron actor exports is its model's weights under Hugging Face names and layouts, and the rollout worker's frozen
+Hugging Face copy then computes the actor's own log-probs.
 """
 
 import pytest
@@ -15,6 +15,7 @@ from tests.workers.built import built_worker
 from verl.models.loading import load_hf_config
 from verl.models.mcore import export_mcore_to_hf
 from verl.trainer.data_setup import build_data
+from verl.utils.weight_buckets import named_tensors
 from verl.workers.config import compose_ppo_config
 from verl.workers.megatron_workers import MegatronActorRolloutRefWorker
 from verl.workers.rollout_worker import RolloutWorker
@@ -52,10 +53,11 @@ def test_the_rollout_group_gets_the_megatron_actors_updated_weights(compose):
     samples = samples.union(actor.compute_log_prob(samples))
     sign = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(samples))])
     samples.batch["advantages"] = sign[:, None] * samples.batch["response_mask"].float()
-    before = actor.export_weights()
+    before = dict(named_tensors(actor.export_weights()))
     assert actor.update_actor(samples).updated
 
-    sent = actor.export_weights()
+    buckets = actor.export_weights()
+    sent = dict(named_tensors(buckets))
     # the model's weights after the update, converted independently of the worker's export (a copy per tensor)
     expected = export_mcore_to_hf(actor.actor.model_module(), load_hf_config(config.actor_rollout_ref.model.path))
     held = rollout.policy.model_module().state_dict()
@@ -64,7 +66,7 @@ def test_the_rollout_group_gets_the_megatron_actors_updated_weights(compose):
     assert all(torch.equal(sent[name], expected[name]) for name in expected)
     assert not torch.equal(sent["model.layers.0.mlp.gate_proj.weight"], before["model.layers.0.mlp.gate_proj.weight"])
 
-    rollout.load_weights(sent, 1)
+    rollout.load_weights(buckets, 1)  # as the driver passes them on
     held = rollout.policy.model_module().state_dict()
     assert all(torch.equal(held[name], sent[name]) for name in sent)
     # layouts, not just names: the rollout's copy (q/k/v and gate/up split back out of megatron's fused tensors)
@@ -82,10 +84,10 @@ def test_offloaded_parameters_come_back_for_the_export(compose):
     # megatron.param_offload: between two passes the parameters wait in host memory with their device storage freed
     # (on CPU the move is forced, the same code path as on CUDA); the export brings them back as the passes do
     actor = actor_worker(compose("actor_rollout_ref.actor.megatron.param_offload=true"))
-    weights = {name: tensor.clone() for name, tensor in actor.export_weights().items()}
+    weights = {name: tensor.clone() for name, tensor in named_tensors(actor.export_weights())}
     actor.actor.offloader.force_host_moves()
     actor.actor.offloader.offload()
     assert actor.actor.offloader.offloaded_bytes > 0
-    sent = actor.export_weights()
+    sent = dict(named_tensors(actor.export_weights()))
     assert sorted(sent) == sorted(weights) and all(torch.equal(sent[name], weights[name]) for name in weights)
     assert actor.actor.offloader.offloaded_bytes > 0  # and they wait in host memory again afterwards

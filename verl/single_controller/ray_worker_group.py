@@ -112,6 +112,8 @@ class RayWorkerGroup:
         self._placement: list[dict] = []  # per rank: node_id, node_ip, pid, ... as the worker reported them
         self._timings = CallTimings()
         self._data_parallel_layout: list[tuple[int, bool]] | None = None
+        self._role: str | None = None  # set on the groups spawn() hands out: the hosted role they call
+        self._root: RayWorkerGroup | None = None  # and the group that owns the processes
         specs = self._registered_methods(self._cls)
         self._specs = specs
         try:
@@ -177,6 +179,44 @@ class RayWorkerGroup:
                     f"{slot.node_id}."
                 )
         logger.info("%s: %s", self.name_prefix, self.describe_placement())
+
+    def spawn(self, prefix_set=None) -> dict[str, RayWorkerGroup]:
+        """One group per role of a colocated worker class (:func:`~verl.single_controller.colocated.
+        create_colocated_worker_cls`), by role name: each has the role's class's methods under their own names, with
+        their own dispatch, data-parallel layout and call timings, and runs them on the role's worker in these
+        processes. A death or a hang names this group; shutting any of them down shuts the processes down.
+
+        Args:
+            prefix_set: the roles to hand out (verl's argument name); None: every hosted role.
+
+        Raises:
+            ValueError: this group's class hosts no roles, or not one of ``prefix_set``.
+        """
+        role_classes = getattr(self._cls, "ROLE_CLASSES", None)
+        if not role_classes:
+            raise ValueError(f"{self._cls.__name__} is not a colocated worker class: it has no roles to spawn.")
+        wanted = list(role_classes) if prefix_set is None else list(prefix_set)
+        unknown = [role for role in wanted if role not in role_classes]
+        if unknown:
+            raise ValueError(f"{self._cls.__name__} hosts the roles {sorted(role_classes)}, not {sorted(unknown)}.")
+        return {role: self._role_group(role, role_classes[role]) for role in wanted}
+
+    def _role_group(self, role: str, cls: type) -> RayWorkerGroup:
+        view = object.__new__(RayWorkerGroup)
+        shared = ("_pool", "name_prefix", "_collective_timeout_s", "_runtime_env", "_workers", "_placement")
+        for name in shared:  # the same list objects: a shutdown of the processes empties them for every role
+            setattr(view, name, getattr(self, name))
+        view._cls, view._role, view._root, view._holds_pool = cls, role, self, False
+        view._timings, view._data_parallel_layout = CallTimings(), None
+        view._specs = self._registered_methods(cls)
+        for method_name, spec in view._specs.items():
+            setattr(view, method_name, view._make_group_method(method_name, spec))
+        return view
+
+    @property
+    def role(self) -> str | None:
+        """The hosted role this group calls (a group from :meth:`spawn`), else None."""
+        return self._role
 
     def describe_placement(self) -> str:
         """One line: each rank's node, local rank and visible devices, and the rendezvous address."""
@@ -264,10 +304,18 @@ class RayWorkerGroup:
             run = self._workers[rank].run_timed
             if spec.concurrency_group is not None:
                 run = run.options(concurrency_group=spec.concurrency_group)
-            refs.append(run.remote(method_name, *packed_args, **packed_kwargs))
+            refs.append(run.remote(self._worker_method_name(method_name), *packed_args, **packed_kwargs))
         on_timing = self._timings.recorder(method_name)
         on_hang = functools.partial(self._hang, method_name)
         return PendingResult(refs, plan.ranks, plan.collect, self._death, on_timing, start=start, on_hang=on_hang)
+
+    def _worker_method_name(self, method_name: str) -> str:
+        """The name the worker process knows ``method_name`` by (a hosted role's: ``<role>__<method>``)."""
+        if self._role is None:
+            return method_name
+        from verl.single_controller.colocated import role_method_name
+
+        return role_method_name(self._role, method_name)
 
     def submit(self, method_name: str, *args: Any, **kwargs: Any) -> PendingResult:
         """Start the ``@register``'ed ``method_name`` as ``group.method_name(...)`` would, without waiting: the
@@ -312,6 +360,11 @@ class RayWorkerGroup:
         self._data_parallel_layout = layout
 
     @property
+    def data_parallel_layout(self) -> list[tuple[int, bool]] | None:
+        """The layout :meth:`set_data_parallel_layout` set (None: every rank its own data-parallel rank)."""
+        return None if self._data_parallel_layout is None else list(self._data_parallel_layout)
+
+    @property
     def workers(self) -> list:
         """The Ray actor handles, indexed by rank."""
         return list(self._workers)
@@ -325,18 +378,25 @@ class RayWorkerGroup:
         """
         if not callable(getattr(self._cls, method_name, None)):
             raise ValueError(f"{self._cls.__name__} has no method {method_name!r}; check the name.")
-        refs = [getattr(worker, method_name).remote(*args, **kwargs) for worker in self._workers]
+        if self._role is None:
+            refs = [getattr(worker, method_name).remote(*args, **kwargs) for worker in self._workers]
+        else:
+            refs = [worker.call_role.remote(self._role, method_name, *args, **kwargs) for worker in self._workers]
         return self._get(refs, list(range(len(refs))), method_name)
 
     def shutdown(self) -> None:
         """Kill every actor of the group (stuck in a collective or not) and release its share of the pool; safe
-        to call twice, and after a worker died."""
+        to call twice, and after a worker died. A role's group (:meth:`spawn`) shuts its processes down, and so
+        every role hosted there."""
+        if self._root is not None:
+            self._root.shutdown()
+            return
         for worker in self._workers:
             try:
                 ray.kill(worker, no_restart=True)
             except Exception as err:  # already gone with its node: nothing left to kill
                 logger.debug("could not kill a worker of %s: %s", self.name_prefix, err)
-        self._workers = []
+        self._workers.clear()  # in place: the role groups spawned from this one share the list
         if self._holds_pool:
             self._holds_pool = False
             self._pool.release()

@@ -229,7 +229,7 @@ class Worker:
             raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}.")
         use_cuda = torch.cuda.is_available()
         backend = backend or ("nccl" if use_cuda else "gloo")
-        if backend == "nccl" and not use_cuda:
+        if "nccl" in backend and not use_cuda:
             raise ValueError("backend='nccl' needs a CUDA device, but none is visible; use backend='gloo' on CPU.")
         if self._master_port is None:
             if self._world_size > 1:
@@ -239,7 +239,7 @@ class Worker:
                 )
             # A world of one rendezvouses with itself, so any free port will do.
             self._master_port = find_free_port(self._master_addr)
-        if backend == "nccl":
+        if "nccl" in backend:
             # Ray narrows CUDA_VISIBLE_DEVICES to the actor's GPUs (usually one: index 0); a worker started by hand
             # sees every GPU of its node and takes the one of its local rank.
             torch.cuda.set_device(self._local_rank % torch.cuda.device_count())

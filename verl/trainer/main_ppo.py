@@ -60,6 +60,7 @@ from verl.trainer.ray_setup import (  # noqa: F401  (main_ppo's public names sin
     cpus_per_worker,
     shutdown_groups,
     start_ray,
+    stop_ray,
     worker_classes,
     write_timeline,
 )
@@ -316,8 +317,9 @@ def _train(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) 
     """Start Ray, resolve and log the run plan, then attempt until one finishes or the restart rule gives up; returns
     the exit code."""
     signals = attempts.stop_signals
+    started_ray = False
     try:
-        start_ray(typed)
+        started_ray = start_ray(typed)
         plan = _resolve_plan(typed, plan)
     except ValueError as err:
         logger.error("Bad config: %s", err)
@@ -332,6 +334,8 @@ def _train(typed: PPOConfig, data, plan: RunPlan, tracker, attempts: _Attempts) 
         return _stopped_at_once(signals.stopped_at_once, typed, attempts)
     finally:
         write_timeline(typed)  # verl's ray_kwargs.timeline_json_file, whatever the outcome
+        if started_ray:
+            stop_ray()
 
 
 def _resolve_plan(typed: PPOConfig, plan: RunPlan) -> RunPlan:
@@ -344,12 +348,15 @@ def _resolve_plan(typed: PPOConfig, plan: RunPlan) -> RunPlan:
             the resolved device cannot run (megatron-core's optimizer without CUDA).
     """
     from verl.trainer.ray_setup import cluster_gpus
+    from verl.workers.config.colocation import colocation_notes
     from verl.workers.config.plan import device_summary
 
     gpus = cluster_gpus()
     plan = resolve_device(plan, typed, gpus)
     logger.info("%s", device_summary(plan, typed, gpus))
     logger.info("run plan (derived from the config; saved as run_plan.json in each checkpoint):\n%s", plan.describe())
+    for note in colocation_notes(typed):  # why a role has a worker process of its own
+        logger.info("worker processes: %s", note)
     return plan
 
 

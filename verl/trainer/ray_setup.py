@@ -13,6 +13,7 @@ these once per attempt (again after a worker died) and re-exports them under its
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -33,10 +34,12 @@ HF_PROGRESS_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
 RAY_AUTH_MODE = "RAY_AUTH_MODE"
 
 
-def start_ray(config: PPOConfig) -> None:
+def start_ray(config: PPOConfig) -> bool:
     """A local Ray instance, or the cluster at ``ray_init.address`` (``auto``: the one this machine belongs to), with
     verl's ``ray_kwargs.ray_init`` passed to ``ray.init`` (:func:`~verl.workers.config.ray_kwargs.merged_ray_init`:
-    the user's runtime environment over this project's, the user's other arguments over this project's).
+    the user's runtime environment over this project's, the user's other arguments over this project's). Returns
+    whether this call started or joined Ray (False: this process was connected already), so that the caller who
+    started it stops it (:func:`stop_ray`).
 
     Raises:
         ValueError: ``num_cpus`` given with an address, a ``runtime_env.py_executable`` whose command is not on
@@ -45,7 +48,7 @@ def start_ray(config: PPOConfig) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     from verl.trainer.preemption import children_ignore_sigterm
 
     kwargs = ray_init_kwargs(config)
@@ -73,6 +76,31 @@ def start_ray(config: PPOConfig) -> None:
             total.get("CPU", 0),
             total.get("GPU", 0),
         )
+    return True
+
+
+def stop_ray() -> None:
+    """Disconnect from Ray, stopping the local instance :func:`start_ray` started.
+
+    Ray's own shutdown sends each daemon of a local instance a SIGTERM and waits up to a second for it to exit before
+    it kills it. Ours ignore SIGTERM (:func:`~verl.trainer.preemption.children_ignore_sigterm`), so that wait is lost
+    time, once per daemon (5.6 s of a 30 s one-step run here): they are killed at once instead. A joined cluster's
+    daemons are not this process's to stop; Ray only disconnects from them.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        return
+    node = getattr(getattr(ray, "_private", None), "worker", None)
+    node = getattr(node, "_global_node", None)
+    kill_all = getattr(node, "kill_all_processes", None)
+    if callable(kill_all):  # Ray's internals as of 2.x; without them, its own (slower) shutdown
+        node.kill_all_processes = functools.partial(_kill_without_waiting, kill_all)
+    ray.shutdown()
+
+
+def _kill_without_waiting(kill_all, *args: Any, **kwargs: Any) -> Any:
+    return kill_all(*args, **{**kwargs, "allow_graceful": False})
 
 
 def ask_for_token_auth(composed: DictConfig) -> None:
@@ -235,12 +263,19 @@ class WorkerGroups:
         critic: the critic group when a value model trains, else None.
         reward_model: the reward-model group with ``reward_model.enable``, else None.
         rollout: the rollout group of its own (``actor_rollout_ref.hybrid_engine=false``), else None.
+        actor_process: the group of the actor's processes when they host other roles too (the run plan's
+            ``worker_processes``; :class:`~verl.workers.colocated.ColocatedRolesWorker`), else None.
+        values_ride_with_log_probs: the critic's values come out of the actor's generation call
+            (``actor_process.generate_with_log_probs_and_values``): the critic is in the actor's processes, with
+            the same data-parallel layout, so the sequences cross the driver once for both.
     """
 
     actor_rollout_ref: Any
     critic: Any = None
     reward_model: Any = None
     rollout: Any = None
+    actor_process: Any = None
+    values_ride_with_log_probs: bool = False
 
     @property
     def has_critic(self) -> bool:
@@ -256,15 +291,18 @@ class WorkerGroups:
         return self.rollout is not None
 
     def __iter__(self) -> Iterator[Any]:
-        groups = (self.actor_rollout_ref, self.critic, self.reward_model, self.rollout)
+        groups = (self.actor_process, self.actor_rollout_ref, self.critic, self.reward_model, self.rollout)
         return iter([group for group in groups if group is not None])
 
 
 def processes_per_node(config: PPOConfig) -> int:
-    """Worker processes a node of the run holds: ``trainer.n_gpus_per_node`` ranks of each colocated group (actor,
-    critic, reward model) plus the rollout group's ``rollout.n_gpus_per_node`` when it has a group of its own."""
-    colocated = 1 + int(config.needs_critic) + int(config.reward_model.enable)
-    return config.trainer.n_gpus_per_node * colocated + num_rollout_workers_per_node(config)
+    """Worker processes a node of the run holds: ``trainer.n_gpus_per_node`` ranks of each worker process of a rank
+    (one when the actor, critic and reward model share it, :mod:`verl.workers.config.colocation`) plus the rollout
+    group's ``rollout.n_gpus_per_node`` when it has a group of its own."""
+    from verl.workers.config.colocation import worker_processes
+
+    per_rank = len(worker_processes(config))
+    return config.trainer.n_gpus_per_node * per_rank + num_rollout_workers_per_node(config)
 
 
 def num_rollout_workers_per_node(config: PPOConfig) -> int:
@@ -273,7 +311,12 @@ def num_rollout_workers_per_node(config: PPOConfig) -> int:
 
 
 def threads_per_process(cores: int, processes: int) -> int:
-    """``VERL_NUM_THREADS``: a node's cores split evenly over the worker processes placed on it, 1 at least."""
+    """``VERL_NUM_THREADS``: a node's cores split evenly over the worker processes placed on it, 1 at least.
+
+    Every process that computes at the same time as the others counts: each worker process (roles that share one
+    take turns, so they share its threads) and each rank of a rollout group of its own. A hosted vLLM engine runs on
+    its process's threads (``OMP_NUM_THREADS``); the driver and the workers' weight-receiving threads wait while the
+    workers compute."""
     return max(1, cores // max(1, processes))
 
 
@@ -282,12 +325,12 @@ def build_worker_groups(config: PPOConfig, plan: RunPlan) -> WorkerGroups:
     ``reward_model.enable`` (:class:`~verl.workers.reward_model.RewardModelWorker`); the rollout group of its own
     with ``hybrid_engine=false`` (:class:`~verl.workers.rollout_worker.RolloutWorker`).
 
-    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks share one resource pool, so rank ``r`` of each group runs
-    in the same bundle (same node, same GPU); the rollout group has a pool of its own (``rollout.nnodes`` x
-    ``rollout.n_gpus_per_node``, a device each). Every worker gets its own config section and the run ``plan`` (its
-    device, the passes a step runs, ``total_training_steps``, which sizes the LR schedules), plus its role's profiler
-    settings (the worker class's ``init_kwargs``), never the whole config. On failure, whatever was started is torn
-    down first.
+    ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks share one resource pool, so rank ``r`` of each role runs
+    in the same bundle (same node, same GPU), and the roles of one entry of ``plan.worker_processes`` in the same
+    process; the rollout group has a pool of its own (``rollout.nnodes`` x ``rollout.n_gpus_per_node``, a device
+    each). Every worker gets its own config section and the run ``plan`` (its device, the passes a step runs,
+    ``total_training_steps``, which sizes the LR schedules), plus its role's profiler settings (the worker class's
+    ``init_kwargs``), never the whole config. On failure, whatever was started is torn down first.
 
     Raises:
         PlacementError: the Ray cluster cannot hold the ranks; the message names the keys and what is missing.
@@ -296,30 +339,16 @@ def build_worker_groups(config: PPOConfig, plan: RunPlan) -> WorkerGroups:
     from verl.single_controller import PlacementError
 
     use_gpu = plan.device == "cuda" or (plan.device == "auto" and cluster_gpus() > 0)  # main_ppo resolves it first
-    pool, rollout_pool = _resource_pools(config, use_gpu)
+    pool, rollout_pool = _resource_pools(config, plan, use_gpu)
     started: list = []
-    timeout_s = config.trainer.collective_timeout_s
     try:
-        # verl's actor_rollout_ref.nccl_timeout is the actor group's collective timeout (null: the trainer's)
-        actor_timeout_s = config.actor_rollout_ref.nccl_timeout or timeout_s
-        actor_cls = worker_classes(config.actor_rollout_ref.actor.strategy)[0]
-        groups = {
-            "actor_rollout_ref": _start_group(
-                config, plan, "actor_rollout_ref", actor_cls, pool, actor_timeout_s, started
-            )
-        }
-        if plan.needs_critic:
-            critic_cls = worker_classes(plan.critic_strategy)[1]
-            groups["critic"] = _start_group(config, plan, "critic", critic_cls, pool, timeout_s, started)
-        if config.reward_model.enable:
-            from verl.workers.reward_model import RewardModelWorker
-
-            groups["reward_model"] = _start_group(
-                config, plan, "reward_model", RewardModelWorker, pool, timeout_s, started
-            )
+        groups: dict[str, Any] = {}
+        for roles in plan.worker_processes:
+            groups.update(_start_process(config, plan, roles, pool, started))
         if rollout_pool is not None:
             from verl.workers.rollout_worker import RolloutWorker
 
+            timeout_s = config.trainer.collective_timeout_s
             groups["rollout"] = _start_group(config, plan, "rollout", RolloutWorker, rollout_pool, timeout_s, started)
     except PlacementError as err:
         shutdown_groups(*started)
@@ -327,23 +356,98 @@ def build_worker_groups(config: PPOConfig, plan: RunPlan) -> WorkerGroups:
     except BaseException:
         shutdown_groups(*started)
         raise
-    return WorkerGroups(**groups)
+    return WorkerGroups(**groups, values_ride_with_log_probs=_values_can_ride(groups))
 
 
-def _resource_pools(config: PPOConfig, use_gpu: bool):
-    """(the pool the colocated groups share, the rollout group's own pool or None), each rank's CPU share sized
-    by every worker process a node holds."""
+def role_worker_class(config: PPOConfig, plan: RunPlan, role: str) -> type:
+    """The worker class of ``role`` (``actor_rollout_ref``, ``critic``, ``reward_model``) in this run."""
+    if role == "actor_rollout_ref":
+        return worker_classes(config.actor_rollout_ref.actor.strategy)[0]
+    if role == "critic":
+        return worker_classes(plan.critic_strategy)[1]
+    from verl.workers.reward_model import RewardModelWorker
+
+    return RewardModelWorker
+
+
+def _role_timeout_s(config: PPOConfig, role: str) -> float:
+    # verl's actor_rollout_ref.nccl_timeout is the actor group's collective timeout (null: the trainer's)
+    if role == "actor_rollout_ref":
+        return config.actor_rollout_ref.nccl_timeout or config.trainer.collective_timeout_s
+    return config.trainer.collective_timeout_s
+
+
+def _start_process(config: PPOConfig, plan: RunPlan, roles: tuple[str, ...], pool, started) -> dict[str, Any]:
+    """The groups of the roles that share one worker process per rank: a group of their own for a lone role, else
+    one group of :class:`~verl.workers.colocated.ColocatedRolesWorker` and a role group per role
+    (:meth:`~verl.single_controller.ray_worker_group.RayWorkerGroup.spawn`), built in order; ``actor_process``
+    names the shared group when it hosts the actor."""
+    timeout_s = _role_timeout_s(config, roles[0])  # the same for all of them (verl.workers.config.colocation)
+    if len(roles) == 1:
+        cls = role_worker_class(config, plan, roles[0])
+        return {roles[0]: _start_group(config, plan, roles[0], cls, pool, timeout_s, started)}
+    from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup
+    from verl.single_controller.colocated import create_colocated_worker_cls
+    from verl.workers.colocated import ColocatedRolesWorker
+
+    classes = {role: role_worker_class(config, plan, role) for role in roles}
+    hosted = {role: (cls, cls.init_kwargs(config, plan)) for role, cls in classes.items()}
+    group = RayWorkerGroup(
+        pool,
+        RayClassWithInitArgs(create_colocated_worker_cls(classes, base=ColocatedRolesWorker), roles=hosted),
+        name_prefix="+".join(roles),
+        collective_timeout_s=timeout_s,
+        runtime_env={**_profiled_runtime_env(config, roles[0]), "env_vars": worker_env_vars(config.trainer)},
+    )
+    started.append(group)
+    views = group.spawn()
+    for role in roles:
+        _init_models(views[role])
+    if "actor_rollout_ref" in roles:  # the shared group's own calls split rows as the actor does
+        group.set_data_parallel_layout(views["actor_rollout_ref"].data_parallel_layout)
+        views["actor_process"] = group
+    return views
+
+
+def _values_can_ride(groups: dict[str, Any]) -> bool:
+    """Whether the actor's processes compute the values in the generation call: they host the critic (the critic's
+    group is a role of theirs), and both roles split rows over the ranks alike."""
+    process, critic = groups.get("actor_process"), groups.get("critic")
+    if process is None or critic is None or critic.name_prefix != process.name_prefix:
+        return False
+    return critic.data_parallel_layout == groups["actor_rollout_ref"].data_parallel_layout
+
+
+def _profiled_runtime_env(config: PPOConfig, role: str) -> dict:
+    """Nsight Systems' runtime environment for a profiled role's workers (``tool: nsys``), else none."""
+    from verl.utils.profiler import worker_runtime_env
+    from verl.workers.config.plan import role_profiler_settings
+
+    return worker_runtime_env(config.global_profiler) if role_profiler_settings(config, role).enabled else {}
+
+
+def _init_models(group) -> None:
+    """Build the group's models (logging each rank's line) and learn its data-parallel layout."""
+    for line in group.init_model():
+        logger.info("%s", line)
+    # ranks of one model-parallel group share their rows (megatron tensor parallelism)
+    group.set_data_parallel_layout(group.execute_all("data_parallel_layout"))
+
+
+def _resource_pools(config: PPOConfig, plan: RunPlan, use_gpu: bool):
+    """(the pool the trainer's worker processes share, the rollout group's own pool or None), each process's CPU
+    share sized by every worker process a node holds."""
     from verl.single_controller import RayResourcePool
 
     trainer = config.trainer
-    groups = 1 + int(config.needs_critic) + int(config.reward_model.enable)
+    processes = len(plan.worker_processes)
     cpus = cpus_per_worker(trainer.nnodes, processes_per_node(config), trainer.n_gpus_per_node if use_gpu else 0)
     pool = RayResourcePool(
         config.world_size,
         num_cpus_per_worker=cpus,
-        num_gpus_per_worker=(1 / groups) if use_gpu else 0,
+        num_gpus_per_worker=(1 / processes) if use_gpu else 0,
         nnodes=trainer.nnodes,
-        max_colocate=groups,
+        max_colocate=processes,
         placement_timeout_s=trainer.placement_timeout_s,
     )
     if not config.separate_rollout:
@@ -362,25 +466,18 @@ def _start_group(config: PPOConfig, plan: RunPlan, name_prefix: str, worker_cls,
     """Start the group ``name_prefix`` (its role's name), build its models, and learn its data-parallel layout; the
     group is appended to ``started`` as soon as it exists, so that a failure can tear it down."""
     from verl.single_controller import RayClassWithInitArgs, RayWorkerGroup
-    from verl.utils.profiler import worker_runtime_env
-    from verl.workers.config.plan import role_profiler_settings
 
-    # tool nsys: the profiled groups' workers run under Nsight Systems
-    profiled = role_profiler_settings(config, name_prefix).enabled
-    runtime_env = worker_runtime_env(config.global_profiler) if profiled else {}
     group = RayWorkerGroup(
         pool,
         # the worker's own section, the plan and what it reads of other sections (never the whole config)
         RayClassWithInitArgs(worker_cls, **worker_cls.init_kwargs(config, plan)),
         name_prefix=name_prefix,
         collective_timeout_s=timeout_s,
-        runtime_env={**runtime_env, "env_vars": worker_env_vars(config.trainer)},
+        # tool nsys: the profiled groups' workers run under Nsight Systems
+        runtime_env={**_profiled_runtime_env(config, name_prefix), "env_vars": worker_env_vars(config.trainer)},
     )
     started.append(group)
-    for line in group.init_model():
-        logger.info("%s", line)
-    # ranks of one model-parallel group share their rows (megatron tensor parallelism)
-    group.set_data_parallel_layout(group.execute_all("data_parallel_layout"))
+    _init_models(group)
     return group
 
 

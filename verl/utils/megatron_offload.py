@@ -4,7 +4,8 @@
 calls (the rollout of another role, the reward, the critic's update), its GPU memory holds only what is not
 offloaded. The move works on storages, not on tensors: each distinct storage under the chosen tensors (a
 parameter, megatron-core DDP's contiguous gradient buffer that every ``main_grad`` is a view of, an Adam moment)
-is copied to host memory and its device storage shrunk to zero bytes; bringing it back regrows the storage and
+is copied to host memory and its device storage shrunk to zero bytes (the freed blocks are then returned to the
+driver, :func:`~verl.utils.device_memory.release_device_memory`); bringing it back regrows the storage and
 copies the bytes in. Views, ``.data`` identities and the optimizer's references to its tensors therefore stay
 valid, whatever wraps them. On CPU the tensors already live in host memory: :class:`MegatronOffloader` moves
 nothing there (``offloaded_bytes`` stays 0), which is what these keys mean on CPU.
@@ -18,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+
+from verl.utils.device_memory import release_device_memory
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +176,9 @@ class MegatronOffloader:
             if part is not None:
                 part.offload()
         self.offloaded_bytes = sum(part.num_bytes for part in parts if part is not None and part.offloaded)
+        if self.offloaded_bytes:
+            # the device bytes went back to PyTorch's caching allocator: give them to the driver (another process)
+            release_device_memory()
 
     def onload(self, *, training: bool) -> None:
         """Bring back what a phase needs: parameters always, gradients and optimizer state when ``training``."""

@@ -67,15 +67,22 @@ def choose_device(device: str) -> str:
     return device
 
 
-def setup_worker_process(worker: Worker, device: str) -> str:
-    """Thread count, torch.distributed (for several ranks) and the device (see :func:`choose_device`) of a freshly
-    started worker."""
+def setup_worker_process(worker: Worker, device: str, backend: str | None = None) -> str:
+    """Thread count, torch.distributed (for several ranks; ``backend`` None: NCCL on CUDA, gloo otherwise) and the
+    device (see :func:`choose_device`) of a freshly started worker. The process group is the process's: a role
+    that shares the process with another (:mod:`verl.single_controller.colocated`) finds it joined already."""
     threads = os.environ.get("VERL_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
     if worker.world_size > 1:
-        worker.init_torch_distributed()
+        worker.init_torch_distributed(backend=backend)
     return choose_device(device)
+
+
+def mixed_backend() -> str | None:
+    """The process group of the workers without megatron: NCCL for CUDA tensors and gloo for the CPU ones that
+    offloading leaves behind (one kind for every such role, so that they can share a process); None on CPU."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else None
 
 
 def with_model_copies_in_shm(arr: ActorRolloutRefConfig) -> ActorRolloutRefConfig:
@@ -323,7 +330,7 @@ class ActorRolloutRefWorker(_ModelWorker):
     def init_model(self) -> str:
         """Join torch.distributed, build actor, reference and rollout (none when the rollout has a worker group of
         its own); returns a one-line description."""
-        device = setup_worker_process(self, self.plan.device)
+        device = setup_worker_process(self, self.plan.device, mixed_backend())  # megatron: joined by then
         if self.config.model.use_shm:
             self.config = with_model_copies_in_shm(self.config)
         arr = self.config
@@ -505,17 +512,23 @@ class ActorRolloutRefWorker(_ModelWorker):
         return self.rollout_role.load_weights(self._rollout_weights())
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def export_weights(self) -> dict[str, torch.Tensor] | None:
-        """The actor's weights for a rollout worker group of its own: ``{Hugging Face name: CPU tensor}`` on rank 0
-        (a copy; LoRA merged), None on the other ranks, which take part in the gathers of a sharded model (FSDP2's
-        shards; megatron's tensor-parallel shards and pipeline stages). A pass of its own (``export_weights``): the
-        parameters are where the passes read them (megatron brings offloaded ones back for it)."""
+    def export_weights(self) -> list | None:
+        """The actor's weights for a rollout worker group of its own, on rank 0: a copy packed into CPU buckets of
+        ``rollout.checkpoint_engine.update_weights_bucket_megabytes`` (:func:`verl.utils.weight_buckets.pack_buckets`,
+        Hugging Face names, LoRA merged; ``named_tensors`` unpacks them), whose bytes cross Ray without a copy into
+        the pickle stream (``benchmarks/bench_weight_transfer.py``). None on the other ranks, which take part in the
+        gathers of a sharded model (FSDP2's shards; megatron's tensor-parallel shards and pipeline stages). A pass of
+        its own (``export_weights``): the parameters are where the passes read them (megatron brings offloaded ones
+        back for it)."""
+        from verl.utils.weight_buckets import MIB, pack_buckets
+
+        megabytes = self.config.rollout.checkpoint_engine.update_weights_bucket_megabytes
         with self.phase("export_weights"), torch.no_grad():
-            weights = {}
-            for name, tensor in self._rollout_weights():
-                if self.rank == 0:
-                    weights[name] = tensor.detach().to("cpu", copy=True)
-        return weights if self.rank == 0 else None
+            if self.rank == 0:
+                return pack_buckets(self._rollout_weights(), megabytes * MIB)
+            for _ in self._rollout_weights():  # the gathers run on every rank; only rank 0 keeps the weights
+                pass
+        return None
 
     # ------------------------------------------------------------------ checkpoint state of this rank
 
@@ -565,7 +578,7 @@ class CriticWorker(_ModelWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
-        device = setup_worker_process(self, self.plan.device)
+        device = setup_worker_process(self, self.plan.device, mixed_backend())  # megatron: joined by then
         torch.manual_seed(self.config.seed)
         self.critic = self._build_critic(self.config.per_rank(self.plan.rollout_n, self._dp_size()), device)
         self.critic.model_module().train()

@@ -17,10 +17,17 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from verl.single_controller import Dispatch, register
+from verl.utils.device_memory import releasing_device_memory
 from verl.utils.fsdp_utils import device_mesh
 from verl.workers.actor.fsdp_actor import FSDPPPOActor, build_fsdp_actor
 from verl.workers.base_worker import ActorRolloutRefWorker, CriticWorker, choose_device
 from verl.workers.config import ActorConfig, CriticConfig
+from verl.workers.config.roles import cpu_offload
+
+
+def offloads(fsdp_config) -> bool:
+    """Whether a model's ``fsdp_config`` moves anything of it to host memory (its shards, or its optimizer state)."""
+    return cpu_offload(fsdp_config) or bool(getattr(fsdp_config, "optimizer_offload", False))
 
 
 class _FSDPWorkerMixin:
@@ -47,6 +54,17 @@ class _FSDPWorkerMixin:
     def _device(self) -> str:
         # the parameters' own device is the CPU under param_offload; inputs go where the compute runs
         return self._compute_device
+
+    def _placed_for(self, name: str):
+        """After each pass of a model that offloads (``param_offload``/``offload_policy``, ``optimizer_offload``),
+        the device memory its offload freed goes back to the driver (:mod:`verl.utils.device_memory`): FSDP2 and the
+        optimizer return the blocks to PyTorch's caching allocator, which would otherwise keep them from the
+        rollout engine and the other roles' processes. Once per pass, not per micro-batch: it costs a sync."""
+        return releasing_device_memory(self._offloads_in(name))
+
+    def _offloads_in(self, name: str) -> bool:
+        """Whether the model the pass ``name`` runs offloads anything."""
+        raise NotImplementedError
 
     def _save_checkpoint(self, directory: Path) -> None:
         """Every rank writes its shards (a collective save); rank 0 the gathered weights and shared training state;
@@ -80,6 +98,11 @@ class FSDPActorRolloutRefWorker(_FSDPWorkerMixin, ActorRolloutRefWorker):
                 "sampling, which strategy=fsdp2 needs (every forward pass is a collective); use rollout.name=naive."
             )
         return description
+
+    def _offloads_in(self, name: str) -> bool:
+        # the reference's pass may run on the actor's model (LoRA: the adapters switched off)
+        actor = offloads(self.config.actor.fsdp_config)
+        return (cpu_offload(self.config.ref.fsdp_config) or actor) if name == "ref" else actor
 
     def _iter_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Each weight gathered whole, one at a time (a collective every rank runs in the same order), for a
@@ -135,6 +158,9 @@ class FSDPCriticWorker(_FSDPWorkerMixin, CriticWorker):
     def init_model(self) -> str:
         self._join_process_group()
         return super().init_model()
+
+    def _offloads_in(self, name: str) -> bool:
+        return offloads(self.config.model.fsdp_config)
 
     def _build_critic(self, critic_config: CriticConfig, device: str):
         from verl.workers.critic.fsdp_critic import build_fsdp_critic

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
+from verl.utils.device_memory import releasing_device_memory
 from verl.utils.micro_batching import LockstepGroup, split_by_length
 from verl.utils.padding_free import forward_packed, real_column_span
 from verl.workers.base_worker import SectionWorker, choose_device
@@ -268,6 +269,8 @@ class RewardModelWorker(SectionWorker):
         self.config = config
         self.plan = plan
         self.scorer: RewardModelScorer | None = None
+        # param_offload (FSDP2's CPUOffloadPolicy): each scoring call's device memory goes back to the driver after it
+        self.offloads = False
 
     @classmethod
     def init_kwargs(cls, config: PPOConfig, plan: RunPlan) -> dict[str, Any]:
@@ -309,6 +312,7 @@ class RewardModelWorker(SectionWorker):
                 forward_prefetch=fsdp.forward_prefetch,
             )
             group = mesh.get_group()
+            self.offloads = bool(fsdp.param_offload)
         else:
             module = module.to(device=device, dtype=dtype)
         self.scorer = RewardModelScorer(rm, module, device, self.world_size, load_tokenizers(rm), group)
@@ -320,8 +324,11 @@ class RewardModelWorker(SectionWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
-        """This rank's share of the batch scored: ``rm_scores`` (b, R) on the CPU."""
-        return self.scorer.compute_rm_score(data)
+        """This rank's share of the batch scored: ``rm_scores`` (b, R) on the CPU. Under ``param_offload`` the
+        device memory the forward passes used is returned to the driver afterwards (the actor and the rollout engine
+        share the GPU), once per call (:func:`~verl.utils.device_memory.release_device_memory` costs a sync)."""
+        with releasing_device_memory(self.offloads):
+            return self.scorer.compute_rm_score(data)
 
 
 # what compute_rm_score reads of a rollout batch (the non-tensors only when it re-tokenises)

@@ -5,7 +5,8 @@ copy of the policy (a frozen Hugging Face model, as the ``dp`` backend builds it
 :class:`~verl.workers.roles.rollout.RolloutRole`, the configured rollout over it (``naive``, ``hf`` or a ``vllm``
 engine of its own); the rollout ranks split each batch's prompts (``Dispatch.DP_COMPUTE_PROTO``) and never talk to
 one another. The weights come from the trainer's actor through the driver, each set with its version number (Hugging
-Face names, a LoRA actor's merged): :meth:`RolloutWorker.load_weights` takes them between two generation calls; with
+Face names, a LoRA actor's merged; packed in buckets by the actor's ``export_weights``, a plain ``{name: tensor}``
+accepted too): :meth:`RolloutWorker.load_weights` takes them between two generation calls; with
 ``async_training.partial_rollout`` :meth:`RolloutWorker.stage_weights` takes them on a thread of their own while a
 generation runs, and the rollout switches to them between two tokens (``vllm``: between two engine calls of a few
 dozen tokens each; :mod:`verl.workers.rollout.partial`). Every response token carries the version of the weights that
@@ -18,13 +19,14 @@ lives there: with as many rollout ranks as trainer ranks and the same weights, b
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from verl.protocol import DataProto
 from verl.single_controller import Dispatch, register
+from verl.utils.weight_buckets import WeightBucket, named_tensors
 from verl.workers.base_worker import SectionWorker, setup_worker_process, with_model_copies_in_shm
 from verl.workers.config import ActorRolloutRefConfig, PPOConfig
 from verl.workers.config.plan import RunPlan
@@ -87,29 +89,30 @@ class RolloutWorker(SectionWorker):
         return self.rank, True
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> float:
-        """Take the trainer's weights (``{Hugging Face name: tensor}``) as version ``version`` now (between two
-        generation calls); returns the seconds it took."""
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Sequence[WeightBucket], version: int) -> float:
+        """Take the trainer's weights (:class:`~verl.utils.weight_buckets.WeightBucket` s of Hugging Face names, or
+        ``{name: tensor}``) as version ``version`` now (between two generation calls); returns the seconds it took."""
         start = time.perf_counter()
         self.switch.stage(weights, version)
         self.switch.apply_staged()
         return time.perf_counter() - start
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, concurrency_group="weights")
-    def stage_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    def stage_weights(self, weights: Mapping[str, torch.Tensor] | Sequence[WeightBucket], version: int) -> None:
         """Partial rollouts: keep the trainer's weights as version ``version`` for the generating thread, which
         switches to them between two tokens of a running generation, or before the next one starts. Runs beside a
         generation call (a thread of its own) and touches nothing it uses."""
         self.switch.stage(weights, version)
 
-    def _put_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """The weights into the model (or the engine holding its own copy). Names the model lacks, or none for one
-        of its weights, raise (a LoRA actor's merged weights carry the plain names)."""
+    def _put_weights(self, weights: Mapping[str, torch.Tensor] | Sequence[WeightBucket]) -> None:
+        """The weights into the model (or the engine holding its own copy), read from the buckets where they arrived
+        (views, no copy before the model's own). Names the model lacks, or none for one of its weights, raise (a
+        LoRA actor's merged weights carry the plain names)."""
         if self.rollout_role.holds_weights:
-            self.rollout_role.load_weights(iter(weights.items()))
+            self.rollout_role.load_weights(named_tensors(weights))
             return
         with torch.no_grad():
-            missing, unexpected = self.policy.model_module().load_state_dict(dict(weights), strict=False)
+            missing, unexpected = self.policy.model_module().load_state_dict(dict(named_tensors(weights)), strict=False)
         if unexpected:
             raise ValueError(f"the trainer sent weights this model does not have: {sorted(unexpected)[:5]}")
         tied = {name for name in missing if name.endswith("lm_head.weight")}

@@ -222,6 +222,27 @@ def test_the_engine_matches_the_trainer_after_a_sync_and_not_before(worker):
     assert gap(worker, sequences) < tolerance
 
 
+def test_a_sync_streams_the_trainers_own_tensors_into_the_engine(worker, monkeypatch):
+    # in one process nothing is packed: every tensor vLLM's reload reads is the memory of one of the trainer's
+    # parameters (the dp backend yields its state dict, detached views of the parameters), not a copy in a bucket
+    sequences = fixed_sequences()
+    assert worker.actor.update_policy(update_batch(worker)).metrics["actor/num_updates_successful"] == 1.0
+    param_memory = {param.data_ptr() for param in worker.actor.model_module().parameters()}
+    seen, real_rpc = [], worker.rollout.engine.collective_rpc
+
+    def spy(method, *args, kwargs=None, **rest):
+        if method == "reload_weights":
+            pairs = list(kwargs["weights_iterator"])
+            seen.extend(pairs)
+            kwargs = {**kwargs, "weights_iterator": iter(pairs)}
+        return real_rpc(method, *args, kwargs=kwargs, **rest)
+
+    monkeypatch.setattr(worker.rollout.engine, "collective_rpc", spy)
+    worker._sync_rollout_weights()
+    assert seen and all(tensor.data_ptr() in param_memory for _, tensor in seen)
+    assert gap(worker, sequences) < TOLERANCE[worker.config.actor.dtype]  # and the engine got them
+
+
 def test_sampled_log_probs_are_the_trainers_at_the_sampling_temperature(worker):
     worker._sync_rollout_weights()
     # temperature 0.7 without top-k/top-p: vLLM's processed log-probs are log_softmax(logits / 0.7)

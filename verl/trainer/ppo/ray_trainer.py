@@ -167,7 +167,13 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         """Where the steps' samples come from: the actor workers (replayed from dumps on the steps ``skip.rollout``
         lists), or the rollout group of its own."""
         if not self.groups.has_rollout_group:
-            return colocated_rollout(self.actor_wg, self.train_loader, self.config, lambda: self.global_step + 1)
+            groups = self.groups
+            with_values = None
+            if groups.values_ride_with_log_probs:  # the critic in the actor's processes: one call for both
+                with_values = groups.actor_process.generate_with_log_probs_and_values
+            return colocated_rollout(
+                self.actor_wg, self.train_loader, self.config, lambda: self.global_step + 1, with_values
+            )
         rules = self.config.async_training
         return AsyncRollout(
             self.rollout_wg,
@@ -342,7 +348,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             metrics.update(filter_metrics)
         if cfg.trainer.balance_batch:  # as in verl: each data-parallel rank gets about the same number of tokens
             metrics.update(balance_batch(batch, actor_data_parallel_size(cfg)))
-        if self.critic_wg is not None:
+        if self.critic_wg is not None and not self.rollout_source.carries_values:
             with self._timed(timing, "values"):
                 batch = batch.union(self.critic_wg.compute_values(only_keys(batch, VALUE_KEYS)))
         if self.kl_ctrl is not None:  # the same rewards as the round's, and the controller moves once a step
@@ -432,7 +438,7 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
         overheads: dict[str, float] = {}
         if self.rollout_wg is not None:
             self.rollout_wg.pop_call_timings()  # its calls overlap the step: their wall time is not overhead
-        for group in (self.actor_wg, self.critic_wg, self.reward_model_wg):
+        for group in (self.groups.actor_process, self.actor_wg, self.critic_wg, self.reward_model_wg):
             if group is None:
                 continue
             for method, calls in group.pop_call_timings().items():

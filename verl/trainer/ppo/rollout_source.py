@@ -51,11 +51,21 @@ def assign_group_ids(prompts: DataProto) -> DataProto:
 
 
 class ColocatedRollout:
-    """The rollout in the actor workers (verl's hybrid engine): generate, then train."""
+    """The rollout in the actor workers (verl's hybrid engine): generate, then train.
 
-    def __init__(self, actor_wg, train_loader):
+    Args:
+        actor_wg: the actor workers.
+        train_loader: the prompt batches.
+        generate_with_values: the actor processes' call that also returns the critic's values (the critic hosted
+            there, :class:`~verl.workers.colocated.ColocatedRolesWorker`), or None: the samples come without them.
+    """
+
+    def __init__(self, actor_wg, train_loader, generate_with_values=None):
         self.actor_wg = actor_wg
         self.train_loader = train_loader
+        self._generate_with_values = generate_with_values
+        #: whether the samples :meth:`generate` returns carry the critic's ``values`` already
+        self.carries_values = generate_with_values is not None
 
     def start(self, steps_to_train: int | None = None) -> None:
         """Nothing to send: the actor workers' rollout samples with their actor's weights (an engine with weights of
@@ -67,6 +77,8 @@ class ColocatedRollout:
     def generate(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
         """Samples of ``prompts`` with the log-probs the run needs, in one call to the actor workers."""
         del timing  # the worker times its own passes (meta_info["metrics"])
+        if self._generate_with_values is not None:
+            return self._generate_with_values(assign_group_ids(prompts))
         return self.actor_wg.generate_with_log_probs(assign_group_ids(prompts))
 
     def after_update(self, applied: bool) -> dict[str, float]:
@@ -139,6 +151,7 @@ class AsyncRollout:
         self.rollout_wg = rollout_wg
         self.actor_wg = actor_wg
         self.train_loader = train_loader
+        self.carries_values = False  # the critic computes the values of each batch the trainer takes
         self.trigger_parameter_sync_step = trigger_parameter_sync_step
         # batches the rollout group may start per weight version (verl: (1 + threshold) x the samples of a sync)
         self.batches_per_version = max(1, math.floor((1 + staleness_threshold) * trigger_parameter_sync_step + 1e-9))

@@ -26,14 +26,18 @@ from verl.utils.rollout_skip import RolloutSkip, prompts_fingerprint
 RECOMPUTED_KEYS = ("old_log_probs", "ref_log_prob")
 
 
-def colocated_rollout(actor_wg, train_loader, config, current_step: Callable[[], int]) -> ColocatedRollout:
-    """The actor workers' rollout source: with ``skip.rollout.enable``, the one that dumps and replays.
+def colocated_rollout(
+    actor_wg, train_loader, config, current_step: Callable[[], int], generate_with_values=None
+) -> ColocatedRollout:
+    """The actor workers' rollout source: with ``skip.rollout.enable``, the one that dumps and replays (its dumps
+    hold what the rollout generated, so the critic's values are computed apart there).
 
     Args:
         current_step: the 1-based number of the step being trained (asked on every generation).
+        generate_with_values: the actor processes' call that also computes the critic's values, or None.
     """
     if not config.skip.rollout.enable:
-        return ColocatedRollout(actor_wg, train_loader)
+        return ColocatedRollout(actor_wg, train_loader, generate_with_values)
     dumps = RolloutSkip.from_config(config, DataProto.load_from_disk)
     return ReplayingRollout(actor_wg, train_loader, dumps, current_step)
 

@@ -77,6 +77,9 @@ class RunPlan:
             their per-rank mini-batches with it.
         partial_rollout: the rollout switches to new weights in the middle of a generation
             (``async_training.partial_rollout``).
+        worker_processes: the roles of each worker process on a trainer rank, the actor's first
+            (:mod:`verl.workers.config.colocation`): ``(("actor_rollout_ref", "critic"),)`` is one process hosting
+            both.
     """
 
     device: str
@@ -96,6 +99,7 @@ class RunPlan:
     megatron_optimizer: dict[str, bool | None]
     rollout_n: int
     partial_rollout: bool
+    worker_processes: tuple[tuple[str, ...], ...]
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain values (what the log line and the checkpoint's ``run_plan.json`` hold)."""
@@ -122,6 +126,8 @@ def build_run_plan(config: PPOConfig, *, num_train_prompts: int | None = None) -
     if num_train_prompts is not None:
         steps = num_training_steps(sizes, num_train_prompts)
     device = config.trainer.device
+    from verl.workers.config.colocation import worker_processes
+
     return RunPlan(
         device=device,
         world_size=config.world_size,
@@ -140,6 +146,7 @@ def build_run_plan(config: PPOConfig, *, num_train_prompts: int | None = None) -
         megatron_optimizer=_megatron_optimizers(config, device),
         rollout_n=config.actor_rollout_ref.rollout.n,
         partial_rollout=config.async_training.partial_rollout,
+        worker_processes=worker_processes(config),
     )
 
 

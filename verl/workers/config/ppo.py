@@ -224,6 +224,7 @@ class TrainerConfig(BaseConfig):
     collective_timeout_s: float
     nccl_blocking_wait: bool
     placement_timeout_s: float
+    colocate_roles: bool
     log_val_generations: int
     max_actor_ckpt_to_keep: int | None
     max_critic_ckpt_to_keep: int | None

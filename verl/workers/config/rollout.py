@@ -253,7 +253,8 @@ class AgentConfig(BaseConfig):
 @dataclasses.dataclass(frozen=True)
 class CheckpointEngineConfig(BaseConfig):
     """verl's ``checkpoint_engine``: how the trainer's weights reach the vLLM engine. ``naive`` (in-process copy) is
-    the one backend; the weights go one tensor at a time, so a bucket is never fuller than one tensor."""
+    the one backend; the weights go in buckets of ``update_weights_bucket_megabytes`` MiB
+    (:mod:`verl.utils.weight_buckets`), a tensor bigger than that alone."""
 
     backend: Literal["naive"]
     update_weights_bucket_megabytes: int

@@ -9,9 +9,15 @@ output's ``rollout_log_probs``.
 
 Unlike ``naive`` and ``hf``, this rollout does not sample from the trainer's module: after every step that changed
 the weights the worker streams them in with :meth:`VLLMRollout.load_weights` (vLLM's in-place ``reload_weights``,
-which takes Hugging Face names and the trainer's dtype and casts). With ``free_cache_engine`` on a GPU (and vLLM's
-sleep mode, ``enable_sleep_mode``, left on) the engine sleeps after each generation (KV cache freed, weights
-offloaded) and wakes for the next one; vLLM's CPU worker has no sleep mode, so on CPU it stays awake.
+which takes Hugging Face names and the trainer's dtype and casts), one tensor at a time: the engine runs in the
+process that holds the weights to send (the actor worker, or a rollout worker once they have arrived), so there is
+no transfer to batch, and ``checkpoint_engine.update_weights_bucket_megabytes``, which bounds the bytes in flight,
+is met by streaming (packing buckets here was one more copy of every weight, slower:
+``benchmarks/bench_weight_sync.py``).
+Buckets pay between processes: the actor packs them for a rollout group of its own (:mod:`verl.utils.weight_buckets`).
+With ``free_cache_engine`` on a GPU (and vLLM's sleep mode, ``enable_sleep_mode``, left on) the engine sleeps after
+each generation (KV cache freed, weights offloaded) and wakes for the next one; vLLM's CPU worker has no sleep mode,
+so on CPU it stays awake.
 
 Tensor parallelism (an engine over TP ranks, vLLM's ``external_launcher``; see
 :mod:`~verl.workers.rollout.vllm_engine`): the ranks of one engine must run the same requests, so each rank's prompts
@@ -44,6 +50,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from verl.protocol import DataProto
+from verl.utils.device_memory import release_device_memory
 from verl.workers.rollout.base import SamplingParams, SeedSourceRollout, register_rollout
 
 __all__ = ["VLLMRollout"]
@@ -95,7 +102,13 @@ class VLLMRollout(SeedSourceRollout):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights into the engine in place, one tensor at a time as ``weights`` yields them.
 
-        The prefix cache is dropped afterwards: its KV entries were computed with the old weights.
+        No buckets: the engine lives in this process, so each tensor goes straight from its holder to vLLM's copy
+        into its parameters; packing it into a bucket first would be one more copy of every weight (measured slower,
+        and a bucket of verl's default 2048 MiB held a second copy of the model; ``benchmarks/bench_weight_sync.py``,
+        docs/perf.md). ``update_weights_bucket_megabytes`` bounds the bytes in flight, and one tensor is below any
+        bucket size. All of it within one ``reload_weights``: vLLM's in-place reload holds a layer's weights until
+        all of that layer's have arrived, then processes the layer. The prefix cache is dropped afterwards: its KV
+        entries were computed with the old weights.
 
         Args:
             weights: ``(name, tensor)`` pairs with Hugging Face names (``model.layers.0.self_attn.q_proj.weight``,
@@ -111,10 +124,14 @@ class VLLMRollout(SeedSourceRollout):
             self.engine.reset_prefix_cache()  # asleep, the cache was already cleared when the engine slept
 
     def sleep(self) -> None:
-        """Release the KV cache and offload the weights (level 1), so training has the GPU memory; no-op on CPU."""
+        """Release the KV cache and offload the weights (level 1), so training has the GPU memory; no-op on CPU.
+
+        vLLM frees its own memory pool; what this process's PyTorch allocator cached during the generation (the
+        sampled tokens, the prompts' tensors) is returned to the driver too, once per sleep."""
         if self.can_sleep and not self._asleep:
             self.engine.sleep(level=1)
             self._asleep = True
+            release_device_memory()
 
     def wake_up(self) -> None:
         """Take back what :meth:`sleep` released (all of it, whatever a weight load already woke)."""
