@@ -9,6 +9,7 @@ from verl.protocol import DataProto
 from verl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.single_controller.colocated import ColocatedWorker, create_colocated_worker_cls, role_method_name
 from verl.single_controller.decorator import Dispatch, registered_methods
+from verl.single_controller.worker import Worker
 
 
 def _alone(seed: int, draws: list[int]) -> list[list[float]]:
@@ -105,3 +106,24 @@ def test_shutting_a_role_group_down_stops_the_processes_of_every_role(colocated_
     roles["echo"].shutdown()
     assert colocated_group.workers == [] and roles["dice"].workers == []
     colocated_group.shutdown()  # twice is safe
+
+
+def test_verls_import_paths_and_form_take_classes_with_init_args_and_spawn_by_prefix_set(colocated_group):
+    from verl.single_controller.base import Worker as BaseWorker
+    from verl.single_controller.base.decorator import Dispatch as BaseDispatch
+    from verl.single_controller.ray import RayClassWithInitArgs
+    from verl.single_controller.ray import create_colocated_worker_cls as verl_form
+    from verl.single_controller.ray.base import RayResourcePool as BasePool
+    from verl.single_controller.ray.base import RayWorkerGroup as BaseGroup
+
+    assert (BaseWorker, BaseDispatch, BasePool, BaseGroup) == (Worker, Dispatch, RayResourcePool, RayWorkerGroup)
+    hosted = verl_form({"a": RayClassWithInitArgs(DiceWorker, seed=3), "b": RayClassWithInitArgs(EchoWorker, offset=5)})
+    group = RayWorkerGroup(RayResourcePool(num_workers=1, num_cpus_per_worker=0.1), hosted, name_prefix="verl_form")
+    try:
+        roles = group.spawn(prefix_set={"a", "b"})
+        assert roles["b"].rank_zero_value(1) == (0, 6)  # offset 5 from the role's own init arguments
+        assert roles["a"].roll(2) == [_alone(3, [2])[0]]  # one rank: the list of its one result
+    finally:
+        group.shutdown()
+    with pytest.raises(ValueError, match="give their constructor arguments by name"):
+        verl_form({"a": RayClassWithInitArgs(DiceWorker, 3)})
