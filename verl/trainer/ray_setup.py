@@ -370,19 +370,15 @@ def role_worker_class(config: PPOConfig, plan: RunPlan, role: str) -> type:
     return RewardModelWorker
 
 
-def _role_timeout_s(config: PPOConfig, role: str) -> float:
-    # verl's actor_rollout_ref.nccl_timeout is the actor group's collective timeout (null: the trainer's)
-    if role == "actor_rollout_ref":
-        return config.actor_rollout_ref.nccl_timeout or config.trainer.collective_timeout_s
-    return config.trainer.collective_timeout_s
-
-
 def _start_process(config: PPOConfig, plan: RunPlan, roles: tuple[str, ...], pool, started) -> dict[str, Any]:
     """The groups of the roles that share one worker process per rank: a group of their own for a lone role, else
     one group of :class:`~verl.workers.colocated.ColocatedRolesWorker` and a role group per role
     (:meth:`~verl.single_controller.ray_worker_group.RayWorkerGroup.spawn`), built in order; ``actor_process``
     names the shared group when it hosts the actor."""
-    timeout_s = _role_timeout_s(config, roles[0])  # the same for all of them (verl.workers.config.colocation)
+    from verl.workers.config.colocation import role_needs
+
+    # verl's actor_rollout_ref.nccl_timeout for the actor; the same for every role of one process (colocation)
+    timeout_s = role_needs(config, roles[0]).collective_timeout_s
     if len(roles) == 1:
         cls = role_worker_class(config, plan, roles[0])
         return {roles[0]: _start_group(config, plan, roles[0], cls, pool, timeout_s, started)}
