@@ -46,15 +46,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {
         token: index for index, token in enumerate(SPECIAL_TOKENS + [_SPACE if c == " " else c for c in CHARACTERS])
     }
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
-    backend.normalizer = normalizers.NFC()
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(_QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
+    backend = char_level_backend(vocab)
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     backend.add_special_tokens(SPECIAL_TOKENS)
     return PreTrainedTokenizerFast(
@@ -68,8 +60,24 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
-    """A 2-layer Qwen2 decoder (hidden 64, 4 query heads, 2 kv heads, tied embeddings)."""
+def char_level_backend(vocab: dict[str, int]) -> Tokenizer:
+    """A byte-level BPE over ``vocab`` with no merges (one token per vocabulary entry, characters outside it
+    dropped), with Qwen2's pre-tokenizer and the byte-level decoder: the pipeline ``Qwen2Tokenizer`` rebuilds."""
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, max_position_embeddings: int = 64) -> Qwen2ForCausalLM:
+    """A 2-layer Qwen2 decoder (hidden 64, 4 query heads, 2 kv heads, tied embeddings); the tool model
+    (``scripts/build_tiny_tool_model.py``) reuses it with longer positions."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -77,7 +85,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> Qwen2ForCausalLM:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=max_position_embeddings,
         rope_theta=10000.0,
         rms_norm_eps=1e-6,
         tie_word_embeddings=True,

@@ -218,7 +218,11 @@ def build_data(config: PPOConfig, world_size: int) -> TrainingData:
     tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, config.data.trust_remote_code)
     data = config.data
     collate = PromptCollator(
-        tokenizer, data.max_prompt_length, truncation=data.truncation, return_raw_chat=data.return_raw_chat
+        tokenizer,
+        data.max_prompt_length,
+        truncation=data.truncation,
+        # verl's agent loops take each row's chat (raw_chat) as their messages
+        return_raw_chat=data.return_raw_chat or config.actor_rollout_ref.rollout.multi_turn.enable,
     )
     train, val = check_rows(config, collate, *_datasets(config, tokenizer))
     batch_size = step_sizes(config).train_batch_size

@@ -412,6 +412,19 @@ class ActorRolloutRefWorker(_ModelWorker):
         return self._generate(prompts).to("cpu")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_tokens(self, requests: DataProto) -> DataProto:
+        """Answers to agent loops' token-id requests (one row each: new ``token_ids``, their ``log_probs``, a
+        ``finish_reason``), from this rank's rollout in one batched generation; see
+        :mod:`verl.workers.rollout.token_requests`."""
+        with self.phase("gen") as tokens:
+            return self.rollout_role.generate_tokens(requests, on_token=tokens).to("cpu")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_rollout(self) -> None:
+        """The agent loops of a batch are done: an engine kept awake between their turns sleeps again."""
+        self.rollout_role.release()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` (B, R) of the responses at their sampling temperature (meta_info's, else the config's)."""
         return DataProto.from_dict(tensors={"old_log_probs": self._old_log_probs(data).cpu()})

@@ -120,6 +120,18 @@ class RolloutWorker(SectionWorker):
             raise ValueError(f"the trainer sent no weights for {sorted(set(missing) - tied)[:5]}")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_tokens(self, requests: DataProto) -> DataProto:
+        """Answers to agent loops' token-id requests (see :mod:`verl.workers.rollout.token_requests`), sampled by
+        the weights this rank holds now (staged weights apply first)."""
+        self.switch.apply_staged()
+        return self.rollout_role.generate_tokens(requests).to("cpu")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_rollout(self) -> None:
+        """The agent loops of a batch are done: an engine kept awake between their turns sleeps again."""
+        self.rollout_role.release()
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses to ``prompts`` with the rollout's log-probs (when ``calculate_log_probs``), the weight version
         of each response token (``weight_version``, (B, R) int64) and ``meta_info["metrics"]["timing_s/gen"]``."""

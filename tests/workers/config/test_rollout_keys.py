@@ -87,10 +87,13 @@ def test_verls_agent_workers_and_tokenizer_switch_are_accepted():
             rf"{R}\.engine_kwargs\.sglang is set, but SGLang",
         ),
         (
-            [f"{R}.multi_turn.enable=true"],
-            rf"{R}\.multi_turn\.enable=true asks for multi-turn rollouts with tool calling",
+            [f"{R}.multi_turn.interaction_config_path=chat.yaml"],
+            rf"{R}\.multi_turn\.interaction_config_path is set, but verl's interactions",
         ),
-        ([f"{R}.multi_turn.tool_config_path=tools.yaml"], rf"{R}\.multi_turn\.tool_config_path is set, but multi-turn"),
+        (
+            [f"{R}.multi_turn.enable=true", f"{R}.multi_turn.format=llama3_json"],
+            rf"{R}\.multi_turn\.format.*registered tool parsers",
+        ),
         ([f"{R}.data_parallel_size=2"], rf"{R}\.data_parallel_size=2: the colocated engines are data parallel already"),
         ([f"{R}.expert_parallel_size=2"], rf"{R}\.expert_parallel_size=2: expert parallelism"),
         ([f"{R}.pipeline_model_parallel_size=2"], rf"{R}\.pipeline_model_parallel_size=2: the colocated vLLM engine"),

@@ -35,7 +35,7 @@ from verl.trainer.ppo.metric_utils import (
 from verl.trainer.ppo.reward_errors import reward_function_error
 from verl.trainer.ppo.rollout_corr import compute_mismatch_metrics
 from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode, compute_rollout_correction_and_rejection_mask
-from verl.trainer.ppo.rollout_source import AsyncRollout
+from verl.trainer.ppo.rollout_source import AgentLoopRollout, AsyncRollout
 from verl.trainer.ppo.skip_rollout import colocated_rollout
 from verl.trainer.ppo.trainer_checkpoints import CheckpointMixin
 from verl.trainer.ppo.trainer_validation import ValidationMixin, decoded_samples  # noqa: F401 (re-exported)
@@ -166,6 +166,8 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
     def _rollout_source(self):
         """Where the steps' samples come from: the actor workers (replayed from dumps on the steps ``skip.rollout``
         lists), or the rollout group of its own."""
+        if self.config.actor_rollout_ref.rollout.multi_turn.enable:
+            return self._agent_loop_rollout()
         if not self.groups.has_rollout_group:
             groups = self.groups
             with_values = None
@@ -184,6 +186,21 @@ class RayPPOTrainer(CheckpointMixin, ValidationMixin):
             rollout_n=self.config.actor_rollout_ref.rollout.n,
             partial_rollout=rules.partial_rollout,
             wait_timeout_s=self.config.trainer.collective_timeout_s,
+        )
+
+    def _agent_loop_rollout(self):
+        """verl's agent loops on the actor workers' rollout (``rollout.multi_turn.enable``); the critic's values,
+        when any, are computed after them."""
+        from verl.experimental.agent_loop.manager import AgentLoopManager
+
+        tokenizer = self.tokenizer
+        if tokenizer is None:
+            from verl.models.loading import load_tokenizer
+
+            model = self.config.actor_rollout_ref.model
+            tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code)
+        return AgentLoopRollout(
+            self.actor_wg, self.train_loader, AgentLoopManager(self.config, self.actor_wg, tokenizer)
         )
 
     @property

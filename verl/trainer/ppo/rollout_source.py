@@ -105,6 +105,69 @@ class ColocatedRollout:
         pass
 
 
+# verl's agent-loop metrics (AgentLoopManager._performance_metrics) are timings of the step: logged as timing_s/...
+_AGENT_TIMING_PREFIXES = tuple(
+    f"agent_loop/{name}/" for name in ("generate_sequences", "tool_calls", "compute_score", "num_preempted", "slowest")
+)
+
+
+class AgentLoopRollout(ColocatedRollout):
+    """The actor workers' rollout driven by verl's agent loops (``actor_rollout_ref.rollout.multi_turn.enable``).
+
+    Each prompt row runs its agent loop (:class:`~verl.experimental.agent_loop.manager.AgentLoopManager`), whose
+    generations the actor workers' rollout answers in batches (``generate_tokens``); the trajectories then get the
+    old and reference log-probs the run needs (``add_log_probs``), as a batch generated elsewhere does. Metrics, with
+    verl's names: the loops' timings as ``timing_s/agent_loop/...`` beside ``timing_s/gen`` (the whole agent-loop
+    phase), and per step the tool calls (``agent_loop/tool_calls_total``, ``agent_loop/tool_call_errors_total``,
+    ``agent_loop/tool_call_success_rate``), the engine calls the generations took (``agent_loop/engine_calls``) and
+    the mean count of response ids the model did not sample (``agent_loop/non_model_tokens/mean``: tool and user
+    turns, response mask 0); ``num_turns/*`` and ``tool_call_counts/*`` come from the batch's columns.
+
+    Args:
+        actor_wg: the actor workers (``generate_tokens``, ``release_rollout``, ``add_log_probs``).
+        train_loader: the prompt batches.
+        manager: the agent-loop manager over ``actor_wg``.
+    """
+
+    def __init__(self, actor_wg, train_loader, manager):
+        super().__init__(actor_wg, train_loader)
+        self.manager = manager
+        self._totals: dict[str, float] = {}
+
+    def generate(self, prompts: DataProto, timing: dict[str, float]) -> DataProto:
+        """Trajectories of ``prompts`` with the log-probs the run needs (one agent-loop phase, then one call)."""
+        del timing  # the phases' seconds ride in meta_info["metrics"], as the workers' own
+        start = time.perf_counter()
+        generated = self.manager.generate_sequences(assign_group_ids(prompts))
+        seconds = time.perf_counter() - start
+        loop_metrics = generated.meta_info.pop("agent_loop_metrics", {})
+        output = self.actor_wg.add_log_probs(generated)
+        phases = output.meta_info.setdefault("metrics", {})
+        phases["timing_s/gen"] = seconds
+        for key, value in loop_metrics.items():
+            if key.startswith(_AGENT_TIMING_PREFIXES):
+                phases[f"timing_s/{key}"] = value
+        for key in ("tool_calls_total", "tool_call_errors_total", "engine_calls"):
+            name = f"agent_loop/{key}"
+            self._totals[name] = self._totals.get(name, 0.0) + float(loop_metrics.get(name, 0.0))
+        self._totals["agent_loop/non_model_tokens/mean"] = float(loop_metrics["agent_loop/non_model_tokens/mean"])
+        return output
+
+    def validation_samples(self, prompts: DataProto) -> tuple[DataProto, dict[str, float]]:
+        """The agent loops' trajectories of validation prompts (their sampling settings in ``meta_info``)."""
+        output = self.manager.generate_sequences(prompts)
+        output.meta_info.pop("agent_loop_metrics", None)
+        return output, {}
+
+    def batch_metrics(self, batch: DataProto, step_seconds: float, wait_seconds: float) -> dict[str, float]:
+        """The step's tool-call counts and success rate (1 without calls) and its engine calls."""
+        totals, self._totals = self._totals, {}
+        calls = totals.get("agent_loop/tool_calls_total", 0.0)
+        errors = totals.get("agent_loop/tool_call_errors_total", 0.0)
+        totals["agent_loop/tool_call_success_rate"] = 1.0 - errors / calls if calls else 1.0
+        return totals
+
+
 @dataclass
 class _InFlight:
     """A batch the rollout group is generating: its prompts, the call, and where the data stood before them."""

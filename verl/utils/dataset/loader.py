@@ -86,7 +86,7 @@ class PromptCollator:
             ``input_ids``, ``attention_mask``, ``position_ids``: (B, P) int64, left-padded, with
             ``position_ids = clamp(cumsum(attention_mask) - 1, min=0)``; and object arrays of length B:
             ``raw_prompt``, ``ground_truth``, ``data_source``, ``extra_info``, ``raw_chat`` (with
-            ``return_raw_chat``), plus ``index`` (int64).
+            ``return_raw_chat``) and ``agent_name`` (when a row has one), plus ``index`` (int64).
         """
         num_rows, width = len(rows), self.max_prompt_length
         input_ids = torch.full((num_rows, width), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -116,6 +116,8 @@ class PromptCollator:
         }
         if self.return_raw_chat:
             collated["raw_chat"] = column("raw_chat")
+        if any(row.get("agent_name") is not None for row in rows):  # verl's per-row agent loop (None: the default)
+            collated["agent_name"] = column("agent_name")
         return collated
 
 

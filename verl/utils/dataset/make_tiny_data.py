@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from verl.utils.reward_score import tiny_task
 
-__all__ = ["ABILITY", "tiny_task_rows", "write_tiny_data"]
+__all__ = ["ABILITY", "data_files_cli", "tiny_task_rows", "write_split_files", "write_tiny_data"]
 
 ABILITY = "reverse"
 
@@ -49,6 +49,23 @@ def write_tiny_data(out: Path, num_train: int, num_test: int, seed: int = 0, ove
     Raises:
         ValueError: a row count below 1.
     """
+    return write_split_files(tiny_task_rows, out, num_train, num_test, seed, overwrite)
+
+
+def write_split_files(
+    make_rows: Callable[[int, int, str], list[dict]],
+    out: Path,
+    num_train: int,
+    num_test: int,
+    seed: int = 0,
+    overwrite: bool = True,
+) -> dict[str, str]:
+    """``out/train.parquet`` and ``out/test.parquet`` of ``make_rows(num_rows, seed, split)`` (the test rows from
+    ``seed + 1``); {"train": path, "test": path}. With ``overwrite=False`` a file that exists is kept as it is.
+
+    Raises:
+        ValueError: a row count below 1.
+    """
     import pandas as pd
 
     if num_train < 1 or num_test < 1:
@@ -58,25 +75,29 @@ def write_tiny_data(out: Path, num_train: int, num_test: int, seed: int = 0, ove
     for split, num_rows, split_seed in (("train", num_train, seed), ("test", num_test, seed + 1)):
         path = out / f"{split}.parquet"
         if overwrite or not path.exists():
-            pd.DataFrame(tiny_task_rows(num_rows, split_seed, split)).to_parquet(path)
+            pd.DataFrame(make_rows(num_rows, split_seed, split)).to_parquet(path)
         paths[split] = str(path)
     return paths
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m verl.utils.dataset.make_tiny_data", description=__doc__.splitlines()[0]
-    )
+def data_files_cli(prog: str, description: str, write: Callable[..., dict[str, str]], argv=None) -> None:
+    """The command line of a data writer: ``--out DIR [--num-train N] [--num-test N] [--seed S]``; prints the
+    ``data.train_files=... data.val_files=...`` overrides that use the files."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--out", type=Path, required=True, help="directory of train.parquet and test.parquet")
     parser.add_argument("--num-train", type=int, default=1024, help="training rows (default 1024)")
     parser.add_argument("--num-test", type=int, default=64, help="validation rows (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the training rows; the test rows use seed + 1")
     args = parser.parse_args(argv)
     try:
-        paths = write_tiny_data(args.out.expanduser(), args.num_train, args.num_test, args.seed)
+        paths = write(args.out.expanduser(), args.num_train, args.num_test, args.seed)
     except ValueError as err:
         parser.error(str(err))
     print(f"data.train_files={paths['train']} data.val_files={paths['test']}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    data_files_cli("python -m verl.utils.dataset.make_tiny_data", __doc__.splitlines()[0], write_tiny_data, argv)
 
 
 if __name__ == "__main__":

@@ -328,13 +328,16 @@ def _to_row(
     data_source = record.get(data_source_key)
     if is_null(data_source):
         data_source = default_data_source
-    return {
+    row = {
         "raw_prompt": prompt,
         "ground_truth": str(ground_truth),
         "data_source": str(data_source),
         "raw_chat": chat,
         "extra_info": record.get("extra_info"),
     }
+    if not is_null(record.get("agent_name")):  # verl's column: the agent loop of the row (multi-turn rollouts)
+        row["agent_name"] = str(record["agent_name"])
+    return row
 
 
 def _prompt_text(prompt: Any, prompt_key: str, render_chat) -> tuple[str, list[dict[str, str]] | None]:

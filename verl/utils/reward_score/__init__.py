@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from verl.utils.reward_score import gsm8k, tiny_task
+from verl.utils.reward_score import gsm8k, tiny_calc, tiny_task
 
 _SCORERS: dict[str, Callable[[str, str], float]] = {
     tiny_task.DATA_SOURCE: tiny_task.compute_score,
+    tiny_calc.DATA_SOURCE: tiny_calc.compute_score,
     "gsm8k": gsm8k.compute_score,
     "openai/gsm8k": gsm8k.compute_score,
 }
@@ -45,4 +46,4 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: str
     return float(scorer(solution_str, ground_truth))
 
 
-__all__ = ["default_compute_score", "known_data_sources", "gsm8k", "tiny_task"]
+__all__ = ["default_compute_score", "known_data_sources", "gsm8k", "tiny_calc", "tiny_task"]

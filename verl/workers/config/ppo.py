@@ -412,6 +412,7 @@ class PPOConfig(BaseConfig):
             )
         self._check_rollout_log_probs_as_old()
         self._check_rollout()
+        self._check_multi_turn()
         self._check_separate_rollout()
         self._check_dapo()
         self._check_token_budgets()
@@ -461,6 +462,23 @@ class PPOConfig(BaseConfig):
                 "actor_rollout_ref.rollout.calculate_log_probs=false leaves the rollout's log-probs out of the batch, "
                 "and algorithm.rollout_correction (or actor.use_rollout_log_probs) needs them; set "
                 "actor_rollout_ref.rollout.calculate_log_probs=true."
+            )
+
+    def _check_multi_turn(self) -> None:
+        """verl's agent loops (``rollout.multi_turn.enable``) run on the actor workers' rollout: not with a rollout
+        group of its own, nor with the replayed rollouts of ``skip.rollout``."""
+        if not self.actor_rollout_ref.rollout.multi_turn.enable:
+            return
+        key = "actor_rollout_ref.rollout.multi_turn.enable=true"
+        if self.separate_rollout:
+            raise ValueError(
+                f"{key} runs the agent loops on the actor workers' rollout; with actor_rollout_ref.hybrid_engine=false "
+                "(a rollout group of its own, one-step-off / fully async) multi-turn rollouts are not supported yet. "
+                "Set hybrid_engine=true."
+            )
+        if self.skip.rollout.enable:
+            raise ValueError(
+                f"{key} with skip.rollout.enable=true: replayed rollouts are single-turn only; turn one off."
             )
 
     def _check_step_batch_size(self) -> None:

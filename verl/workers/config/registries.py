@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from verl.utils.registry import Registry
 
-__all__ = ["REWARD_MANAGER_REGISTRY", "ROLLOUT_REGISTRY"]
+__all__ = ["REWARD_MANAGER_REGISTRY", "ROLLOUT_REGISTRY", "TOOL_PARSER_MODULE", "tool_parser_names"]
 
 # rollout name -> BaseRollout subclass (hf, naive and vllm are built in)
 ROLLOUT_REGISTRY: Registry[type] = Registry(
@@ -24,3 +24,16 @@ ROLLOUT_REGISTRY: Registry[type] = Registry(
 REWARD_MANAGER_REGISTRY: Registry[type] = Registry(
     "reward manager", config_key="reward_model.reward_manager", builtins="verl.workers.reward_manager"
 )
+
+# the module whose import registers the tool-call parsers of the agent loops (multi_turn.format), by name
+TOOL_PARSER_MODULE = "verl.experimental.agent_loop.tool_parser"
+
+
+def tool_parser_names() -> list[str]:
+    """The names ``actor_rollout_ref.rollout.multi_turn.format`` accepts: the agent loops' registered tool parsers
+    (verl's ``ToolParser`` registry), read by importing :data:`TOOL_PARSER_MODULE` by name on first use, as the
+    registries above import their built-ins; a parser a user registered before the check counts too."""
+    import importlib
+
+    module = importlib.import_module(TOOL_PARSER_MODULE)
+    return sorted(module.ToolParser._registry)

@@ -190,9 +190,11 @@ VLLM_ROLLOUT_KEYS = (
     "checkpoint_engine",
 )
 
-MULTI_TURN_WHY = (
-    "multi-turn rollouts with tool calling and interactions (verl's agent loops: tool servers, sandboxes, chat "
-    "turns) are out of scope here; every rollout answers each prompt in one turn"
+# what stays out of the multi-turn rollouts (verl.experimental.agent_loop), refused by name
+INTERACTIONS_WHY = (
+    "verl's interactions (a simulated user answering between turns, multi_turn.interaction_config_path) are out of "
+    "scope here; the agent loops run tools (multi_turn.tool_config_path / function_tool_path) and agent loops of "
+    "your own (rollout.agent.agent_loop_config_path)"
 )
 
 
@@ -214,16 +216,20 @@ class EngineKwargsConfig(BaseConfig):
 
 @dataclasses.dataclass(frozen=True)
 class MultiTurnConfig(BaseConfig):
-    """verl's ``multi_turn`` section: accepted with ``enable: false`` (its other keys then read by nothing, as in
-    verl); ``enable: true`` is refused, tool-calling multi-turn rollouts being out of scope."""
+    """verl's ``multi_turn`` section: with ``enable: true`` the rollout runs verl's agent loops
+    (:mod:`verl.experimental.agent_loop`), multi-turn and tool-calling, on the rollout engines; with ``enable:
+    false`` its other keys are read by nothing, as in verl. ``format`` names a registered tool parser (checked,
+    when enabled, without importing the parsers until the check). Interactions are refused by name."""
 
     enable: bool
     max_assistant_turns: int | None
     tool_config_path: str | None
+    # verl's file of @function_tool functions, beside the BaseTool YAML
+    function_tool_path: str | None
     max_user_turns: int | None
     max_parallel_calls: int
     max_tool_response_length: int
-    tool_response_truncate_side: str
+    tool_response_truncate_side: Literal["left", "middle", "right"]
     interaction_config_path: str | None
     use_inference_chat_template: bool
     tokenization_sanity_check_mode: str
@@ -231,23 +237,36 @@ class MultiTurnConfig(BaseConfig):
     num_repeat_rollouts: int | None
 
     def check(self) -> None:
-        if self.enable:
-            raise FieldError("enable", f"=true asks for {MULTI_TURN_WHY}. Set it to false.")
-        for name in ("tool_config_path", "interaction_config_path"):
+        if self.interaction_config_path is not None:
+            raise FieldError("interaction_config_path", f"is set, but {INTERACTIONS_WHY}. Leave it null.")
+        check_int(self, "max_parallel_calls", 1)
+        check_int(self, "max_tool_response_length", 1)
+        for name in ("max_assistant_turns", "max_user_turns"):
             if getattr(self, name) is not None:
-                raise FieldError(name, f"is set, but {MULTI_TURN_WHY}. Leave it null.")
+                check_int(self, name, 1)
+        if self.enable:
+            from verl.workers.config.registries import tool_parser_names
+
+            check_one_of(self, "format", tool_parser_names(), "registered tool parsers")
 
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig(BaseConfig):
-    """verl's ``agent`` section of the async mode: ``num_workers``, the processes that split an async batch among
-    verl's rollout servers. Every actor rank generates its share with its own engine here, so no such processes
-    exist; any count (>= 1) is accepted and gives the same rollouts."""
+    """verl's ``agent`` section: the agent loops of multi-turn rollouts (``multi_turn.enable``).
+
+    ``num_workers``: verl's agent-loop workers, between which a batch's rows are split; each runs its rows' loops
+    at once, so every trajectory of the batch is in flight together, as in verl (here they are groups on the
+    driver's event loop, not processes). ``default_agent_loop``: the loop of a row without an ``agent_name``.
+    ``agent_loop_config_path``: a YAML list of ``{name, _target_}`` registering loops of your own."""
 
     num_workers: int
+    default_agent_loop: str
+    agent_loop_config_path: str | None
 
     def check(self) -> None:
         check_int(self, "num_workers", 1)
+        if not self.default_agent_loop:
+            raise FieldError("default_agent_loop", "is empty; name an agent loop (single_turn_agent, tool_agent, ...).")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,6 +39,27 @@ def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor
     return token_level
 
 
+def agent_loop_extra_infos(non_tensor: dict, num_rows: int) -> np.ndarray:
+    """Each sample's ``extra_info`` for the scorer. For multi-turn trajectories (a batch with verl's
+    ``__num_turns__``) as verl's reward managers build it: the row's ``extra_info`` with the agent loop's extra
+    fields (``tool_extra_fields``: ``tool_rewards``, ``turn_scores``, the tool-call counts...), ``num_turns`` and
+    ``rollout_reward_scores`` (the ``reward_scores`` column, else ``{}``) added; otherwise the column as it is."""
+    extra_infos = non_tensor.get("extra_info", np.full(num_rows, None, dtype=object))
+    if "__num_turns__" not in non_tensor:
+        return extra_infos
+    merged = np.empty(num_rows, dtype=object)
+    tool_fields = non_tensor.get("tool_extra_fields")
+    reward_scores = non_tensor.get("reward_scores")
+    for i in range(num_rows):
+        info = dict(extra_infos[i]) if isinstance(extra_infos[i], dict) else {}
+        if tool_fields is not None and isinstance(tool_fields[i], dict):
+            info.update(tool_fields[i])
+        info["num_turns"] = int(non_tensor["__num_turns__"][i])
+        info["rollout_reward_scores"] = reward_scores[i] if reward_scores is not None else {}
+        merged[i] = info
+    return merged
+
+
 class SampleScoringError(RuntimeError):
     """The scoring function raised on one sample of a batch; the original exception is its ``__cause__``.
 
@@ -110,18 +131,20 @@ class NaiveRewardManager:
             SampleScoringError: the scoring function raised on a sample (its position in the batch named).
         """
         responses = data.batch["responses"]
-        if "response_mask" in data.batch.keys():
+        non_tensor = data.non_tensor_batch
+        multi_turn = "__num_turns__" in non_tensor and "attention_mask" in data.batch.keys()
+        if "response_mask" in data.batch.keys() and not multi_turn:
             response_mask = data.batch["response_mask"]
         else:
+            # verl's span of a response: every real id, a multi-turn response's tool turns (response_mask 0) included
             response_mask = data.batch["attention_mask"][:, -responses.shape[1] :]
-        non_tensor = data.non_tensor_batch
         for key in ("ground_truth", self.reward_fn_key):
             if key not in non_tensor:
                 raise ValueError(
                     f"The reward manager needs non-tensor key {key!r}; the batch has {sorted(non_tensor)}."
                 )
         num_valid = response_mask.long().sum(dim=-1).tolist()
-        extra_infos = non_tensor.get("extra_info", np.full(len(responses), None, dtype=object))
+        extra_infos = agent_loop_extra_infos(non_tensor, len(responses))
         scores, extra = [], {}
         examined: dict[str, int] = {}
         for i, length in enumerate(num_valid):

@@ -51,6 +51,8 @@ class RolloutRole:
         self.engine = engine
         self.module = module
         self.device = device
+        # while agent loops run: whether the engine slept after each generation before (see generate_tokens)
+        self._sleeps_after: bool | None = None
 
     @property
     def holds_weights(self) -> bool:
@@ -69,6 +71,28 @@ class RolloutRole:
         if not self.config.calculate_log_probs:
             output.batch.pop("rollout_log_probs", None)
         return output
+
+    def generate_tokens(self, requests: DataProto, on_token: Callable[[int], None] | None = None) -> DataProto:
+        """Answers to a batch of token-id requests of agent loops (see :mod:`verl.workers.rollout.token_requests`):
+        each request's new token ids, their log-probs and its finish reason. With ``meta_info["keep_awake"]`` an
+        engine that sleeps between generations (vLLM's sleep mode) stays awake after the call, for the next turn's
+        requests, until :meth:`release`."""
+        from verl.workers.rollout.token_requests import generate_for_requests
+
+        if requests.meta_info.get("keep_awake") and self._sleeps_after is None:
+            self._sleeps_after = bool(getattr(self.engine, "can_sleep", False))
+            if self._sleeps_after:
+                self.engine.can_sleep = False  # no sleep between two turns
+        with evaluating(self.module), torch.no_grad(), self._observing(on_token):
+            return generate_for_requests(self.engine, requests, self.device)
+
+    def release(self) -> None:
+        """End of a batch of agent loops: an engine kept awake by :meth:`generate_tokens` sleeps again (its memory
+        to training); nothing otherwise."""
+        sleeps, self._sleeps_after = self._sleeps_after, None
+        if sleeps:
+            self.engine.can_sleep = True
+            self.engine.sleep()
 
     @contextlib.contextmanager
     def _observing(self, on_token: Callable[[int], None] | None) -> Iterator[None]:
