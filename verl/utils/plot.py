@@ -10,12 +10,19 @@ from pathlib import Path
 
 from verl.utils.tracking import read_metrics
 
+# the agent loops' metrics (verl.experimental.agent_loop): a run that logs them gets the tool-call panel
+_TOOL_CALLS = "agent_loop/tool_calls_total"
+_CALLS_PER_TRAJECTORY = "tool_call_counts/mean"
+_SUCCESS = "agent_loop/tool_call_success_rate"
+
 
 def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> Path:
     """Write a four-panel PNG of the run in ``metrics_path`` and return its path.
 
     The panels, top to bottom: the mean train (and validation) reward, the actor's loss scale (log scale), the
-    failed updates (per step and in total; whole-number ticks), the training-inference mismatch.
+    failed updates (per step and in total; whole-number ticks), the training-inference mismatch; and for a
+    multi-turn run (its metrics have ``agent_loop/tool_calls_total``) a fifth: tool calls per trajectory and the
+    tool-call success rate.
     """
     import matplotlib
 
@@ -25,7 +32,8 @@ def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> P
 
     records = [r for r in read_metrics(metrics_path) if "critic/score/mean" in r]
     steps = [r["step"] for r in records]
-    fig, axes = plt.subplots(4, 1, figsize=(7, 10), sharex=True)
+    with_tools = any(_TOOL_CALLS in r for r in records)  # a multi-turn run: a fifth panel for its tool calls
+    fig, axes = plt.subplots(5 if with_tools else 4, 1, figsize=(7, 12.5 if with_tools else 10), sharex=True)
     axes[0].plot(steps, [r["critic/score/mean"] for r in records], label="train reward")
     val = [(r["step"], r["val/score/mean"]) for r in read_metrics(metrics_path) if "val/score/mean" in r]
     if val:
@@ -42,12 +50,24 @@ def plot_training_curves(metrics_path: str | Path, output_path: str | Path) -> P
     axes[2].yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: 0, 1, 2, never 0.5
     axes[2].legend()
     _plot_mismatch(axes[3], records)
-    axes[3].set_xlabel("training step")
+    if with_tools:
+        _plot_tool_calls(axes[4], records)
+    axes[-1].set_xlabel("training step")
     fig.tight_layout()
     output_path = Path(output_path)
     fig.savefig(output_path, dpi=100)
     plt.close(fig)
     return output_path
+
+
+def _plot_tool_calls(axis, records: list[dict]) -> None:
+    """A multi-turn run's tool calls per step: calls per trajectory and the share of calls that succeeded."""
+    for key, label in ((_CALLS_PER_TRAJECTORY, "tool calls per trajectory"), (_SUCCESS, "tool-call success rate")):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            axis.plot(*zip(*points), label=label)
+    axis.set_ylabel("tool calls")
+    axis.legend()
 
 
 def _plot_mismatch(axis, records: list[dict]) -> None:
