@@ -70,7 +70,16 @@ def test_a_redecorated_override_takes_its_own_mode():
 
 def test_the_rollout_group_exposes_the_rollouts_methods_only():
     exposed = set(registered_methods(RolloutWorker))
-    assert exposed == {"init_torch_distributed", "init_model", "generate_sequences", "load_weights", "stage_weights"}
+    # generate_tokens / release_rollout: the agent loops' turns, batched into the rollout (rollout/token_requests.py)
+    assert exposed == {
+        "init_torch_distributed",
+        "init_model",
+        "generate_sequences",
+        "generate_tokens",
+        "release_rollout",
+        "load_weights",
+        "stage_weights",
+    }
     # the actor's methods stay with the actor workers
     actor = set(registered_methods(DPActorRolloutRefWorker))
     assert {"update_actor", "save_checkpoint", "compute_ref_log_prob"} <= actor
